@@ -1,0 +1,153 @@
+"""Tier 2: the trainer's DP invariants on a real gloo world of 2 processes (no Ray)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from tests.dist_helpers import run_world
+from trainers.config import StepConfig
+from trainers.step import (
+    build_model,
+    forward_backward,
+    make_batch,
+    replicas_in_sync,
+    run_cell,
+    setup_replica,
+    train_step,
+)
+
+CPU = torch.device("cpu")
+BASE = StepConfig(model="tiny", micro_batch=4, seq_len=32, warmup_steps=1, timed_steps=3)
+
+
+def grads_after_backward(rank: int, cfg: StepConfig) -> dict[str, torch.Tensor]:
+    rep = setup_replica(cfg, CPU)
+    forward_backward(rep)
+    return {n: p.grad.detach().clone() for n, p in rep.model.named_parameters()}
+
+
+def params_after_step(rank: int, cfg: StepConfig) -> dict[str, torch.Tensor]:
+    rep = setup_replica(cfg, CPU)
+    train_step(rep)
+    return {n: p.detach().clone() for n, p in rep.model.named_parameters()}
+
+
+def full_batch_grads(cfg: StepConfig, world: int) -> dict[str, torch.Tensor]:
+    """One process, no DDP: the gradient of the loss over all ranks' batches concatenated."""
+    model = build_model(cfg, CPU)
+    batches = [make_batch(cfg, r, CPU) for r in range(world)]
+    x = torch.cat([b[0] for b in batches])
+    y = torch.cat([b[1] for b in batches])
+    model(x, y).backward()
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+def assert_same(a: dict, b: dict, atol: float) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=atol, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [25.0, 0.01])
+def test_ddp_average_equals_full_batch_gradient(tmp_path, bucket_cap_mb):
+    cfg = dataclasses.replace(BASE, bucket_cap_mb=bucket_cap_mb)
+    per_rank = run_world(grads_after_backward, 2, tmp_path, cfg)
+    expected = full_batch_grads(cfg, 2)
+    assert_same(per_rank[0], expected, atol=1e-6)
+    assert_same(per_rank[1], per_rank[0], atol=0.0)  # every replica got the same average
+    # the invariant is not vacuous: each rank's local gradient differs from the average
+    local = setup_replica(dataclasses.replace(cfg, mode="single"), CPU)
+    forward_backward(local)
+    assert not torch.allclose(local.model.wte.weight.grad, expected["wte.weight"], atol=1e-6)
+
+
+def test_no_sync_accumulation_equals_syncing_every_micro_step(tmp_path):
+    cfg = dataclasses.replace(BASE, gas=4)
+    synced = run_world(grads_after_backward, 2, tmp_path / "a", dataclasses.replace(cfg, no_sync=False))
+    skipped = run_world(grads_after_backward, 2, tmp_path / "b", dataclasses.replace(cfg, no_sync=True))
+    assert_same(skipped[0], synced[0], atol=1e-7)
+    p_synced = run_world(params_after_step, 2, tmp_path / "c", dataclasses.replace(cfg, no_sync=False))
+    p_skipped = run_world(params_after_step, 2, tmp_path / "d", dataclasses.replace(cfg, no_sync=True))
+    assert_same(p_skipped[0], p_synced[0], atol=1e-6)
+    assert_same(p_skipped[1], p_skipped[0], atol=0.0)
+
+
+def test_naive_mode_matches_ddp_gradients(tmp_path):
+    ddp = run_world(grads_after_backward, 2, tmp_path / "ddp", BASE)
+    naive = run_world(grads_after_backward, 2, tmp_path / "naive", dataclasses.replace(BASE, mode="naive"))
+    assert_same(naive[0], ddp[0], atol=1e-7)
+    assert_same(naive[0], full_batch_grads(BASE, 2), atol=1e-6)
+
+
+def perturbed_check(rank: int, cfg: StepConfig) -> tuple[bool, bool]:
+    rep = setup_replica(cfg, CPU)
+    train_step(rep)
+    before = replicas_in_sync(rep.model, CPU)
+    if rank == 1:
+        with torch.no_grad():
+            rep.model.h[0].mlp.c_fc.weight[0, 0] += 1e-6  # one parameter, one ulp-scale nudge
+    return before, replicas_in_sync(rep.model, CPU)
+
+
+def test_replica_check_detects_a_perturbed_rank(tmp_path):
+    results = run_world(perturbed_check, 2, tmp_path, BASE)
+    assert results[0] == (True, False)
+    assert results[1] == (True, False)
+
+
+def measured(rank: int, cfg: StepConfig):
+    return run_cell(cfg, CPU, num_threads=1)
+
+
+@pytest.mark.parametrize("mode", ["ddp", "naive"])
+def test_run_cell_reports_consistent_measurement(tmp_path, mode):
+    cfg = dataclasses.replace(BASE, mode=mode, gas=2, no_sync=True, bucket_cap_mb=0.01)
+    r0, r1 = run_world(measured, 2, tmp_path, cfg)
+    assert r1 is None  # only rank 0 reports
+    assert r0.world_size == 2 and r0.replicas_in_sync is True
+    assert r0.tokens_per_step == 4 * 32 * 2 * 2
+    assert len(r0.step_times_ms) == 3 and all(t > 0 for t in r0.step_times_ms)
+    assert r0.step_ms_p10 <= r0.step_ms <= r0.step_ms_p90
+    assert r0.tokens_per_s == pytest.approx(r0.tokens_per_step / (r0.step_ms / 1e3))
+    assert r0.num_threads == 1 and r0.peak_mem_bytes > 10 * 2**20
+    if mode == "ddp":  # 1.48 MB of gradients in 10 KB buckets: many buckets
+        assert r0.num_buckets >= 5 and sum(r0.bucket_sizes_bytes) == r0.grad_bytes
+    else:
+        assert r0.num_buckets == 0
+
+
+def test_torchrun_entry_point_prints_one_row_from_rank_0():
+    import json
+    import subprocess
+    import sys
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "trainers.bench",
+        "--model",
+        "tiny",
+        "--bucket-cap-mb",
+        "25",
+        "--gas",
+        "2",
+        "--no-sync",
+        "--warmup",
+        "1",
+        "--steps",
+        "3",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 1
+    row = rows[0]
+    assert (row["world_size"], row["backend"], row["gas"], row["no_sync"]) == (2, "gloo", 2, True)
+    assert row["replicas_in_sync"] is True and row["num_threads"] >= 1

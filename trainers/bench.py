@@ -1,0 +1,108 @@
+"""The reference measurement: one cell under torchrun (or plain python for `single`).
+
+    torchrun --standalone --nproc_per_node=2 -m trainers.bench --model tiny --bucket-cap-mb 25 --gas 4 --no-sync
+
+Prints one JSON line (the CellResult) on rank 0. Exit code 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+
+from trainers.config import MODES, StepConfig
+from trainers.errors import ConfigError
+from trainers.model import PRESETS
+from trainers.step import run_cell
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m trainers.bench", description=__doc__.split("\n")[0])
+    d = StepConfig()
+    ap.add_argument("--model", default=d.model, help=f"preset: {', '.join(PRESETS)}")
+    ap.add_argument("--mode", default=d.mode, help=f"one of {', '.join(MODES)}")
+    ap.add_argument("--micro-batch", type=int, default=d.micro_batch)
+    ap.add_argument("--seq-len", type=int, default=d.seq_len)
+    ap.add_argument("--gas", type=int, default=d.gas)
+    ap.add_argument("--no-sync", action="store_true", help="no_sync() on the first gas-1 micro-steps")
+    ap.add_argument("--bucket-cap-mb", type=float, default=d.bucket_cap_mb)
+    ap.add_argument("--no-gradient-as-bucket-view", action="store_true")
+    ap.add_argument("--warmup", type=int, default=d.warmup_steps)
+    ap.add_argument("--steps", type=int, default=d.timed_steps)
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads per rank (default: cores / local ranks)")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    return ap.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> StepConfig:
+    return StepConfig(
+        model=args.model,
+        mode=args.mode,
+        micro_batch=args.micro_batch,
+        seq_len=args.seq_len,
+        gas=args.gas,
+        no_sync=args.no_sync,
+        bucket_cap_mb=args.bucket_cap_mb,
+        gradient_as_bucket_view=not args.no_gradient_as_bucket_view,
+        warmup_steps=args.warmup,
+        timed_steps=args.steps,
+    )
+
+
+def pick_device(choice: str) -> torch.device:
+    use_cuda = torch.cuda.is_available() if choice == "auto" else choice == "cuda"
+    if not use_cuda:
+        return torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    torch.cuda.set_device(device)
+    return device
+
+
+def init_distributed(device: torch.device) -> None:
+    """Join torchrun's group, or make a world of one when run as plain python."""
+    if "RANK" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+        if args.threads is not None and args.threads < 1:
+            raise ConfigError("threads", args.threads, "an integer >= 1")
+        if cfg.mode == "single" and int(os.environ.get("WORLD_SIZE", 1)) > 1:
+            raise ConfigError("mode", "single", "single runs one process: use --nproc_per_node=1 or plain python")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    threads = args.threads or max(1, (os.cpu_count() or 1) // local_world)
+    device = pick_device(args.device)
+    if cfg.mode != "single":
+        init_distributed(device)
+    try:
+        result = run_cell(cfg, device, threads)
+    finally:
+        if dist.is_initialized():
+            dist.barrier()  # no rank tears gloo down while a peer still talks to it
+            dist.destroy_process_group()
+    if result is not None:
+        row = result.to_dict()
+        row["torch_version"] = torch.__version__
+        print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""Summary statistics of per-step times (pure Python, no torch)."""
+
+from __future__ import annotations
+
+import statistics
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 100]) of an ascending list, as numpy's default."""
+    if not sorted_values:
+        raise ValueError("percentile of an empty list")
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def summarize(times_ms: list[float]) -> dict[str, float]:
+    """median, mean, p10, p90 and coefficient of variation (std / mean) of step times in ms."""
+    s = sorted(times_ms)
+    mean = statistics.fmean(s)
+    std = statistics.pstdev(s) if len(s) > 1 else 0.0
+    return {
+        "step_ms": statistics.median(s),
+        "step_ms_mean": mean,
+        "step_ms_p10": percentile(s, 10),
+        "step_ms_p90": percentile(s, 90),
+        "step_ms_cv": std / mean if mean else 0.0,
+    }

@@ -1,0 +1,212 @@
+"""The measured DDP GPT step. `run_cell` runs on every rank (torchrun or a Ray Train worker).
+
+The process group must already be initialized for `ddp` and `naive` modes; `single`
+runs in one process with no wrapper and no collectives.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainers.config import CellResult, StepConfig
+from trainers.model import GPT, PRESETS, grad_bytes, n_params
+from trainers.stats import summarize
+
+
+@dataclass
+class Replica:
+    """One rank's model, optimizer and fixed batch."""
+
+    cfg: StepConfig
+    model: GPT  # the bare model (parameters, .grad)
+    module: nn.Module  # what forward runs through: DDP(model) in ddp mode, else model
+    opt: torch.optim.Optimizer
+    x: torch.Tensor  # (B, T) token ids
+    y: torch.Tensor  # (B, T) targets
+    world_size: int
+
+
+def distributed(cfg: StepConfig) -> bool:
+    return cfg.mode != "single"
+
+
+def make_batch(cfg: StepConfig, rank: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rank's fixed random batch, the same on every call for the same (seed, rank)."""
+    gen = torch.Generator().manual_seed(cfg.seed + 1 + rank)
+    vocab = PRESETS[cfg.model].vocab_size
+    xy = torch.randint(0, vocab, (2, cfg.micro_batch, cfg.seq_len), generator=gen)  # (2, B, T)
+    return xy[0].to(device), xy[1].to(device)
+
+
+def build_model(cfg: StepConfig, device: torch.device) -> GPT:
+    """The same initial weights on every rank (seeded), fp32."""
+    torch.manual_seed(cfg.seed)
+    return GPT(PRESETS[cfg.model]).to(device)
+
+
+def setup_replica(cfg: StepConfig, device: torch.device) -> Replica:
+    model = build_model(cfg, device)
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed(cfg) else (0, 1)
+    module: nn.Module = model
+    if cfg.mode == "ddp":
+        module = DDP(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=cfg.bucket_cap_mb,
+            gradient_as_bucket_view=cfg.gradient_as_bucket_view,
+        )
+    elif cfg.mode == "naive":
+        for p in model.parameters():  # start from rank 0's weights, as DDP does
+            dist.broadcast(p.data, src=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=device.type == "cuda")
+    x, y = make_batch(cfg, rank, device)
+    return Replica(cfg=cfg, model=model, module=module, opt=opt, x=x, y=y, world_size=world)
+
+
+def _naive_all_reduce(rep: Replica) -> None:
+    """The seed's naive DP: one blocking all_reduce per .grad after backward, then average."""
+    for p in rep.model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad.div_(rep.world_size)
+
+
+def forward_backward(rep: Replica) -> None:
+    """The gas micro-steps of one optimizer step: loss / gas, no_sync on the first gas-1."""
+    cfg = rep.cfg
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if rep.x.is_cuda else nullcontext()
+    for micro in range(cfg.gas):
+        skip_sync = cfg.no_sync and micro < cfg.gas - 1
+        ctx = rep.module.no_sync() if skip_sync and cfg.mode == "ddp" else nullcontext()
+        with ctx, autocast:
+            loss = rep.module(rep.x, rep.y)
+        (loss / cfg.gas).backward()
+        if cfg.mode == "naive" and not skip_sync:
+            _naive_all_reduce(rep)
+
+
+def train_step(rep: Replica) -> None:
+    """One optimizer step: forward_backward, AdamW, zero_grad(set_to_none=True)."""
+    forward_backward(rep)
+    rep.opt.step()
+    rep.opt.zero_grad(set_to_none=True)
+
+
+def params_checksum(model: nn.Module) -> int:
+    """A bit-exact checksum of all parameters: equal iff (with overwhelming odds) bits are equal."""
+    total = 0
+    for i, p in enumerate(model.parameters()):
+        bits = p.detach().reshape(-1).view(torch.int32).to(torch.int64)  # raw fp32 bits
+        weights = torch.arange(bits.numel(), device=bits.device) % 65521 + 1
+        total = (total + (i + 1) * int((bits * weights).sum())) % (1 << 61)
+    return total
+
+
+def replicas_in_sync(model: nn.Module, device: torch.device) -> bool:
+    """All-gather every rank's checksum; True when all are equal. Collective: call on every rank."""
+    mine = torch.tensor([params_checksum(model)], dtype=torch.int64, device=device)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return all(int(t) == int(mine) for t in every)
+
+
+def time_steps(step: Callable[[], None], n: int, sync: Callable[[], None]) -> list[float]:
+    """Wall time of each of n calls (ms), the device synchronized before and after each."""
+    times = []
+    for _ in range(n):
+        sync()
+        t0 = time.perf_counter()
+        step()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)  # bytes
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def bucket_sizes(module: nn.Module) -> list[int]:
+    """Bucket sizes in bytes from DDP's own logging data (after its bucket rebuild)."""
+    if not isinstance(module, DDP):
+        return []
+    data = module._get_ddp_logging_data()
+    text = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or ""
+    return [int(s) for s in str(text).split(",") if s.strip()]
+
+
+def _gather_max(values: list[float], device: torch.device) -> list[float]:
+    """Element-wise max over ranks (after the timed loop: never inside it)."""
+    mine = torch.tensor(values, dtype=torch.float64, device=device)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return torch.stack(every).max(dim=0).values.tolist()
+
+
+def run_cell(cfg: StepConfig, device: torch.device, num_threads: int) -> CellResult | None:
+    """Warm up, time `timed_steps` steps, check replicas. Returns the result on rank 0, else None."""
+    if device.type == "cpu":
+        torch.set_num_threads(num_threads)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    rep = setup_replica(cfg, device)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    for _ in range(cfg.warmup_steps):
+        train_step(rep)
+    if distributed(cfg):
+        sync()
+        dist.barrier()
+    times = time_steps(lambda: train_step(rep), cfg.timed_steps, sync)
+    in_sync, peak = True, peak_memory_bytes(device)
+    if distributed(cfg):
+        times = _gather_max(times, device)
+        peak = int(_gather_max([float(peak)], device)[0])
+        in_sync = replicas_in_sync(rep.model, device)
+        if dist.get_rank() != 0:
+            return None
+    return _result(cfg, rep, device, times, peak, in_sync, num_threads)
+
+
+def _result(
+    cfg: StepConfig, rep: Replica, device: torch.device, times: list[float], peak: int, in_sync: bool, threads: int
+) -> CellResult:
+    stats = summarize(times)
+    sizes = bucket_sizes(rep.module)
+    tokens = cfg.tokens_per_rank * rep.world_size
+    return CellResult(
+        mode=cfg.mode,
+        world_size=rep.world_size,
+        backend=dist.get_backend() if distributed(cfg) else "none",
+        device_type=device.type,
+        model=cfg.model,
+        n_params=n_params(rep.model),
+        grad_bytes=grad_bytes(rep.model),
+        micro_batch=cfg.micro_batch,
+        seq_len=cfg.seq_len,
+        tokens_per_step=tokens,
+        bucket_cap_mb=cfg.bucket_cap_mb,
+        gas=cfg.gas,
+        no_sync=cfg.no_sync,
+        gradient_as_bucket_view=cfg.gradient_as_bucket_view,
+        warmup_steps=cfg.warmup_steps,
+        timed_steps=cfg.timed_steps,
+        num_threads=threads if device.type == "cpu" else torch.get_num_threads(),
+        **stats,
+        tokens_per_s=tokens / (stats["step_ms"] / 1e3),
+        peak_mem_bytes=peak,
+        num_buckets=len(sizes),
+        bucket_sizes_bytes=sizes,
+        step_times_ms=times,
+        replicas_in_sync=in_sync,
+    )
