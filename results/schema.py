@@ -1,0 +1,99 @@
+"""The Parquet row schema, declared once: every file is written with it, every read conforms to it."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+_TS = pa.timestamp("us", tz="UTC")
+
+IDENTITY = [
+    pa.field("sweep_id", pa.string(), nullable=False),
+    pa.field("cell_id", pa.string(), nullable=False),
+    pa.field("repeat", pa.int32(), nullable=False),
+    pa.field("cluster", pa.string(), nullable=False),
+    pa.field("status", pa.string(), nullable=False),  # ok | error
+    pa.field("error", pa.string()),  # message; empty when ok
+    pa.field("spec_name", pa.string()),
+    pa.field("started_at", _TS),
+    pa.field("finished_at", _TS),
+]
+
+CONFIGURATION = [
+    pa.field("mode", pa.string()),  # single | ddp | naive
+    pa.field("world_size", pa.int32()),
+    pa.field("num_nodes", pa.int32()),
+    pa.field("workers_per_node", pa.int32()),
+    pa.field("backend", pa.string()),
+    pa.field("device_type", pa.string()),
+    pa.field("model", pa.string()),
+    pa.field("n_params", pa.int64()),
+    pa.field("grad_bytes", pa.int64()),  # bytes
+    pa.field("micro_batch", pa.int32()),
+    pa.field("seq_len", pa.int32()),
+    pa.field("tokens_per_step", pa.int64()),
+    pa.field("bucket_cap_mb", pa.float64()),
+    pa.field("gas", pa.int32()),
+    pa.field("no_sync", pa.bool_()),
+    pa.field("gradient_as_bucket_view", pa.bool_()),
+    pa.field("warmup_steps", pa.int32()),
+    pa.field("timed_steps", pa.int32()),
+    pa.field("num_threads", pa.int32()),
+    pa.field("cpus_per_worker", pa.float64()),
+    pa.field("placement", pa.string()),
+]
+
+MEASUREMENT = [
+    pa.field("step_ms", pa.float64()),  # median of per-step slowest-rank times
+    pa.field("step_ms_mean", pa.float64()),
+    pa.field("step_ms_p10", pa.float64()),
+    pa.field("step_ms_p90", pa.float64()),
+    pa.field("step_ms_cv", pa.float64()),
+    pa.field("tokens_per_s", pa.float64()),
+    pa.field("peak_mem_bytes", pa.int64()),
+    pa.field("num_buckets", pa.int32()),
+    pa.field("bucket_sizes_bytes", pa.list_(pa.int64())),
+    pa.field("step_times_ms", pa.list_(pa.float64())),
+    pa.field("replicas_in_sync", pa.bool_()),
+    pa.field("trial_wall_s", pa.float64()),
+]
+
+FINGERPRINT = [
+    pa.field("hosts", pa.list_(pa.string())),
+    pa.field("accelerator", pa.string()),  # GPU name or CPU model
+    pa.field("accelerators", pa.int32()),
+    pa.field("driver_version", pa.string()),
+    pa.field("cuda_version", pa.string()),
+    pa.field("nccl_version", pa.string()),
+    pa.field("torch_version", pa.string()),
+    pa.field("ray_version", pa.string()),
+    pa.field("python_version", pa.string()),
+    pa.field("ddpsweep_version", pa.string()),
+    pa.field("topology", pa.string()),  # nvidia-smi topo -m, where present
+    pa.field("env", pa.string()),  # JSON object of NCCL_*/GLOO_* variables in force
+]
+
+SCHEMA = pa.schema(IDENTITY + CONFIGURATION + MEASUREMENT + FINGERPRINT)
+COLUMNS = SCHEMA.names
+STATUSES = ("ok", "error")
+
+
+def conform(table: pa.Table) -> pa.Table:
+    """Cast a table read from any version of the store to SCHEMA: missing columns become null."""
+    columns = []
+    for field in SCHEMA:
+        if field.name in table.column_names:
+            columns.append(table[field.name].cast(field.type))
+        else:
+            columns.append(pa.nulls(table.num_rows, field.type))
+    return pa.Table.from_arrays(columns, schema=SCHEMA)
+
+
+def row_table(row: dict) -> pa.Table:
+    """One row dict → a one-row table in SCHEMA. Unknown keys are a bug: refuse them."""
+    unknown = set(row) - set(COLUMNS)
+    if unknown:
+        raise KeyError(f"row has columns not in the schema: {sorted(unknown)}")
+    missing = [f.name for f in SCHEMA if not f.nullable and row.get(f.name) is None]
+    if missing:
+        raise KeyError(f"row lacks required columns: {missing}")
+    return pa.Table.from_pylist([{name: row.get(name) for name in COLUMNS}], schema=SCHEMA)

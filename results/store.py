@@ -1,0 +1,140 @@
+"""The results store: one Parquet file per (cell, repeat), hive-partitioned cluster=<label>/sweep=<id>/.
+
+A root is a local folder or any pyarrow filesystem URI (s3://, gs://, hdfs://, file://).
+Files are written under a hidden temporary name and renamed, so readers never see half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import uuid
+from dataclasses import dataclass
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from results.errors import StoreNotFound, UnknownSelection
+from results.schema import SCHEMA, conform, row_table
+
+log = logging.getLogger(__name__)
+LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def valid_label(value: str) -> bool:
+    """Labels (cluster, sweep id, cell id) are safe path segments: no '/', no '..', no leading dot."""
+    return bool(LABEL_RE.match(value)) and ".." not in value
+
+
+def _require_label(kind: str, value: str) -> str:
+    if not valid_label(value):
+        raise ValueError(f"{kind} {value!r} is not a valid label: use letters, digits, '_', '.', '-' (max 64)")
+    return value
+
+
+@dataclass(frozen=True)
+class Store:
+    """A results root on some filesystem."""
+
+    fs: pafs.FileSystem
+    root: str  # path inside fs, no trailing slash
+    uri: str  # as the user gave it
+
+    @classmethod
+    def open(cls, uri: str) -> Store:
+        if "://" in uri:
+            fs, path = pafs.FileSystem.from_uri(uri)
+        else:
+            fs, path = pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
+        return cls(fs=fs, root=path.rstrip("/"), uri=uri)
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.fs, pafs.LocalFileSystem)
+
+    def sweep_dir(self, cluster: str, sweep_id: str) -> str:
+        return f"{self.root}/cluster={_require_label('cluster', cluster)}/sweep={_require_label('sweep', sweep_id)}"
+
+    def write_row(self, row: dict) -> str:
+        """Write one row atomically (temporary name, then rename). Returns the file's path."""
+        table = row_table(row)
+        folder = self.sweep_dir(row["cluster"], row["sweep_id"])
+        name = f"{_require_label('cell', row['cell_id'])}-r{int(row['repeat'])}.parquet"
+        self.fs.create_dir(folder, recursive=True)
+        tmp = f"{folder}/.{name}.{uuid.uuid4().hex[:8]}.tmp"
+        with self.fs.open_output_stream(tmp) as out:
+            pq.write_table(table, out)
+        self.fs.move(tmp, f"{folder}/{name}")  # atomic rename on local and POSIX-like filesystems
+        return f"{folder}/{name}"
+
+    def write_manifest(self, cluster: str, sweep_id: str, manifest: dict) -> None:
+        """The sweep's plan (`_sweep.json`, ignored by readers of rows), written atomically."""
+        folder = self.sweep_dir(cluster, sweep_id)
+        self.fs.create_dir(folder, recursive=True)
+        tmp = f"{folder}/._sweep.json.{uuid.uuid4().hex[:8]}.tmp"
+        with self.fs.open_output_stream(tmp) as out:
+            out.write(json.dumps(manifest, indent=1, default=str).encode())
+        self.fs.move(tmp, f"{folder}/_sweep.json")
+
+    def read_manifest(self, cluster: str, sweep_id: str) -> dict | None:
+        path = f"{self.sweep_dir(cluster, sweep_id)}/_sweep.json"
+        if self.fs.get_file_info(path).type != pafs.FileType.File:
+            return None
+        with self.fs.open_input_stream(path) as f:
+            return json.loads(f.read())
+
+    def files(self, cluster: str | None = None, sweep: str | None = None) -> list[str]:
+        """Row files under the root (optionally one cluster / sweep), hidden and temporary files excluded."""
+        base = self.root
+        if cluster is not None:
+            base += f"/cluster={_require_label('cluster', cluster)}"
+            if sweep is not None:
+                base += f"/sweep={_require_label('sweep', sweep)}"
+        infos = self.fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+        keep = []
+        for info in infos:
+            name = info.base_name
+            if info.type == pafs.FileType.File and name.endswith(".parquet") and not name.startswith((".", "_")):
+                if sweep is None or f"/sweep={sweep}/" in info.path:
+                    keep.append(info.path)
+        return sorted(keep)
+
+    def read_table(self, cluster: str | None = None, sweep: str | None = None) -> pa.Table:
+        """All rows as one table in SCHEMA. Unreadable files are skipped with a warning naming them."""
+        tables = []
+        for path in self.files(cluster, sweep):
+            try:
+                tables.append(conform(pq.read_table(path, filesystem=self.fs)))
+            except (pa.ArrowException, OSError) as e:
+                log.warning("skipping unreadable results file %s: %s", path, e)
+        return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
+
+    def labels(self) -> dict[str, list[str]]:
+        """{cluster: [sweep ids]} present under the root."""
+        found: dict[str, set[str]] = {}
+        for path in self.files():
+            parts = dict(p.split("=", 1) for p in path[len(self.root) :].split("/") if "=" in p)
+            if "cluster" in parts and "sweep" in parts:
+                found.setdefault(parts["cluster"], set()).add(parts["sweep"])
+        return {c: sorted(s) for c, s in sorted(found.items())}
+
+
+def load(root: str, cluster: str | None = None, sweep: str | None = None) -> pd.DataFrame:
+    """The store's rows as a DataFrame (optionally one cluster and/or sweep).
+
+    Raises StoreNotFound for a missing or empty root and UnknownSelection for a label not in it.
+    """
+    store = Store.open(root)
+    labels = store.labels()
+    if not labels:
+        raise StoreNotFound(f"no results under {root!r}: run a sweep first (ddpsweep run SPEC --results {root})")
+    if cluster is not None and cluster not in labels:
+        raise UnknownSelection(f"cluster {cluster!r} is not in {root!r}; clusters: {', '.join(labels)}")
+    sweeps = labels.get(cluster, []) if cluster else sorted({s for v in labels.values() for s in v})
+    if sweep is not None and sweep not in sweeps:
+        raise UnknownSelection(f"sweep {sweep!r} is not in {root!r}; sweeps: {', '.join(sweeps)}")
+    return store.read_table(cluster, sweep).to_pandas()

@@ -1,0 +1,77 @@
+"""Pre-flight: every cell must be schedulable on the cluster before the first trial starts.
+
+Ray Train retries a worker group that can never be placed forever; ddpsweep refuses such a
+grid up front instead, naming what is missing.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from sweeps.grid import Cell
+from sweeps.spec import SpecError
+
+# The Tune trial's own bundle: memory only, so it takes no CPU from the workers (a {"cpu": 0.01}
+# bundle makes 2 workers x 1 CPU unschedulable on a 2-CPU node: 2.01 > 2).
+TRIAL_BUNDLE = {"memory": 2**20}  # bytes
+
+
+@dataclass(frozen=True)
+class ClusterResources:
+    """Per alive node: its CPU and GPU count."""
+
+    nodes: list[tuple[float, float]]  # (CPU, GPU)
+
+    @classmethod
+    def local(cls, gpus: int = 0) -> ClusterResources:
+        """The embedded single-node Ray ddpsweep would start on this machine."""
+        return cls(nodes=[(float(os.cpu_count() or 1), float(gpus))])
+
+    @classmethod
+    def from_ray(cls) -> ClusterResources:
+        import ray
+
+        alive = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+        return cls(nodes=[(r.get("CPU", 0.0), r.get("GPU", 0.0)) for r in alive])
+
+    @property
+    def total_gpus(self) -> float:
+        return sum(g for _, g in self.nodes)
+
+    def describe(self) -> str:
+        return f"{len(self.nodes)} node(s): " + ", ".join(f"{c:g} CPU/{g:g} GPU" for c, g in self.nodes)
+
+
+def _workers_fitting(node: tuple[float, float], cpus: float, use_gpu: bool) -> int:
+    cpu, gpu = node
+    fit = int((cpu + 1e-9) // cpus) if cpus > 0 else 10**9
+    return min(fit, int(gpu)) if use_gpu else fit
+
+
+def cell_problem(cell: Cell, res: ClusterResources, cpus: float, use_gpu: bool) -> str | None:
+    """Why this cell can never be scheduled, or None."""
+    hosts = sorted((_workers_fitting(n, cpus, use_gpu) for n in res.nodes), reverse=True)
+    if len(hosts) < cell.num_nodes:
+        return f"needs {cell.num_nodes} nodes; the cluster has {len(hosts)}"
+    short = [h for h in hosts[: cell.num_nodes] if h < cell.workers_per_node]
+    if short:
+        unit = f"{cpus:g} CPU" + (" + 1 GPU" if use_gpu else "")
+        return (f"needs {cell.workers_per_node} worker(s) of {unit} on each of {cell.num_nodes} node(s); "
+                f"the best {cell.num_nodes} node(s) fit {hosts[: cell.num_nodes]}")  # fmt: skip
+    return None
+
+
+def check(cells: list[Cell], res: ClusterResources, cpus_per_worker: float, use_gpu: bool) -> None:
+    """Raise SpecError (field `workers`) listing every cell that can never be scheduled."""
+    bad = []
+    for cell in cells:
+        problem = cell_problem(cell, res, cpus_per_worker, use_gpu)
+        if problem:
+            bad.append(f"  cell {cell.cell_id} ({cell.mode}, {cell.world_size} workers): {problem}")
+    if bad:
+        raise SpecError(
+            "workers",
+            sorted({c.world_size for c in cells}),
+            f"grids that fit the cluster ({res.describe()}); unschedulable:\n" + "\n".join(bad),
+        )

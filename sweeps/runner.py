@@ -1,0 +1,217 @@
+"""The sweep driver: plan (expand, resume), pre-flight, then Ray Tune with one trial per (cell, repeat).
+
+Each trial's row is written to the store by `RowWriter` on the driver the moment the trial ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+
+import ray
+from ray import tune
+
+from results.store import Store, valid_label
+from sweeps import preflight
+from sweeps.grid import Cell, expand
+from sweeps.rows import RowContext, error_row, now
+from sweeps.spec import SpecError, SweepSpec
+from sweeps.trial import TrialOptions, placement_for, trial_fn
+
+ProgressFn = Callable[[dict], None]
+
+
+@dataclass
+class SweepPlan:
+    """What a run will measure: the cells, and which (cell, repeat) pairs still lack an ok row."""
+
+    spec: SweepSpec
+    sweep_id: str
+    cluster: str
+    store: Store
+    cells: list[Cell]
+    todo: list[tuple[Cell, int]]
+
+    @property
+    def planned(self) -> int:
+        return len(self.cells) * self.spec.repeats
+
+
+@dataclass
+class SweepOutcome:
+    sweep_id: str
+    cluster: str
+    results: str
+    rows: list[dict] = field(default_factory=list)
+
+
+def new_sweep_id(name: str) -> str:
+    return f"{name[:40]}-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+def plan_sweep(spec: SweepSpec, *, results: str | None = None, cluster: str | None = None,
+               resume: str | None = None, sweep_id: str | None = None) -> SweepPlan:  # fmt: skip
+    """Expand the grid; with `resume`, keep only pairs with no ok row in that sweep."""
+    store = Store.open(results or spec.results)
+    cluster = cluster or spec.cluster
+    cells = expand(spec)
+    pairs = [(c, r) for c in cells for r in range(spec.repeats)]
+    if not valid_label(cluster):
+        raise SpecError("--cluster", cluster, "a label of letters, digits, '_', '.', '-' (max 64)")
+    if resume is None:
+        if sweep_id is not None and not valid_label(sweep_id):
+            raise SpecError("--sweep-id", sweep_id, "a label of letters, digits, '_', '.', '-' (max 64)")
+        return SweepPlan(spec, sweep_id or new_sweep_id(spec.name), cluster, store, cells, pairs)
+    manifest = store.read_manifest(cluster, resume)
+    if manifest is None:
+        raise SpecError("--resume", resume, f"a sweep id under cluster={cluster} in {store.uri}")
+    if sorted(manifest["cells"]) != sorted(c.cell_id for c in cells):
+        raise SpecError("--resume", resume, "the same spec the sweep was started with (its grid differs)")
+    done = {(r["cell_id"], r["repeat"]) for r in store.read_table(cluster, resume).to_pylist() if r["status"] == "ok"}
+    todo = [(c, r) for c, r in pairs if (c.cell_id, r) not in done]
+    return SweepPlan(spec, resume, cluster, store, cells, todo)
+
+
+def _decode_row(text: str) -> dict:
+    import json
+
+    row = json.loads(text)
+    for key in ("started_at", "finished_at"):
+        if row.get(key):
+            row[key] = datetime.fromisoformat(row[key])
+    return row
+
+
+class RowWriter(tune.Callback):
+    """Driver-side: writes each trial's row to the store as soon as the trial reports or dies."""
+
+    def __init__(self, store: Store, options: TrialOptions, progress: ProgressFn) -> None:
+        self.store, self.options, self.progress = store, options, progress
+        self.rows: list[dict] = []
+        self._done: set[str] = set()
+
+    def _write(self, trial_id: str, row: dict) -> None:
+        self.store.write_row(row)
+        self._done.add(trial_id)
+        self.rows.append(row)
+        self.progress(row)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if "row" in result and trial.trial_id not in self._done:
+            self._write(trial.trial_id, _decode_row(result["row"]))
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        if trial.trial_id in self._done:
+            return
+        cell, repeat = Cell.from_dict(trial.config["pair"]["cell"]), trial.config["pair"]["repeat"]
+        o = self.options
+        ctx = RowContext(sweep_id=o.sweep_id, cluster=o.cluster, spec_name=o.spec_name, repeat=repeat,
+                         cpus_per_worker=o.cpus_per_worker, placement=placement_for(cell, o.placement))  # fmt: skip
+        message = f"trial died: {trial.error_file and _tail(trial.error_file) or 'unknown error'}"
+        self._write(trial.trial_id, error_row(cell, ctx, message, now(), 0.0))
+
+
+def _tail(path: str, chars: int = 2000) -> str:
+    try:
+        with open(path) as f:
+            return f.read()[-chars:]
+    except OSError:
+        return path
+
+
+@contextmanager
+def ray_session(address: str | None, verbose: bool) -> Iterator[None]:
+    """Attach to `address` (or the job's cluster via RAY_ADDRESS), or start an embedded local Ray."""
+    if ray.is_initialized():
+        yield
+        return
+    quiet = {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.ERROR}
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
+    if not verbose:
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's new console output ignores verbose=0
+    if address or os.environ.get("RAY_ADDRESS"):
+        ray.init(address=address, **quiet)
+    else:
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, **quiet)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def resolve_options(plan: SweepPlan, res: preflight.ClusterResources, storage_path: str) -> TrialOptions:
+    spec = plan.spec
+    use_gpu = res.total_gpus > 0 if spec.use_gpu == "auto" else bool(spec.use_gpu)
+    if use_gpu and res.total_gpus == 0:
+        raise SpecError("use_gpu", True, f"false or auto: the cluster has no GPUs ({res.describe()})")
+    backend = spec.backend if spec.backend != "auto" else ("nccl" if use_gpu else "gloo")
+    return TrialOptions(
+        sweep_id=plan.sweep_id, cluster=plan.cluster, spec_name=spec.name, use_gpu=use_gpu, backend=backend,
+        cpus_per_worker=spec.cpus_per_worker, placement=spec.placement,
+        collective_timeout_s=spec.collective_timeout_s, cell_timeout_s=spec.cell_timeout_s,
+        env={k: str(v) for k, v in spec.env.items()}, storage_path=storage_path,
+    )  # fmt: skip
+
+
+def check_local(plan: SweepPlan) -> None:
+    """Pre-flight against the embedded Ray this machine would start (before any Ray process)."""
+    import torch
+
+    res = preflight.ClusterResources.local(gpus=torch.cuda.device_count())
+    resolve_options(plan, res, "")
+    use_gpu = res.total_gpus > 0 if plan.spec.use_gpu == "auto" else bool(plan.spec.use_gpu)
+    preflight.check(plan.cells, res, plan.spec.cpus_per_worker, use_gpu)
+
+
+def _storage_path(plan: SweepPlan) -> str:
+    """Tune/Train bookkeeping: beside the results on shared storage, else a local temp folder."""
+    if plan.store.is_local:
+        return tempfile.mkdtemp(prefix=f"ddpsweep-{plan.sweep_id}-")
+    return f"{plan.store.uri.rstrip('/')}/_ray/{plan.sweep_id}-{secrets.token_hex(3)}"
+
+
+def execute(plan: SweepPlan, *, address: str | None = None, verbose: bool = False,
+            progress: ProgressFn = lambda row: None) -> SweepOutcome:  # fmt: skip
+    """Run the plan's pending pairs on Ray; every row lands in the store as its trial ends."""
+    outcome = SweepOutcome(plan.sweep_id, plan.cluster, plan.store.uri)
+    if not address and not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
+        check_local(plan)
+    with ray_session(address, verbose):
+        res = preflight.ClusterResources.from_ray()
+        opts = resolve_options(plan, res, _storage_path(plan))
+        preflight.check(plan.cells, res, opts.cpus_per_worker, opts.use_gpu)
+        plan.store.write_manifest(plan.cluster, plan.sweep_id, _manifest(plan, opts))
+        if not plan.todo:
+            return outcome
+        writer = RowWriter(plan.store, opts, progress)
+        _tuner(plan, opts, writer, verbose).fit()
+        outcome.rows = writer.rows
+    return outcome
+
+
+def _manifest(plan: SweepPlan, opts: TrialOptions) -> dict:
+    return {"sweep_id": plan.sweep_id, "cluster": plan.cluster, "spec": asdict(plan.spec),
+            "cells": [c.cell_id for c in plan.cells], "repeats": plan.spec.repeats, "planned": plan.planned,
+            "backend": opts.backend, "use_gpu": opts.use_gpu, "written_at": datetime.now(UTC).isoformat()}  # fmt: skip
+
+
+def _tuner(plan: SweepPlan, opts: TrialOptions, writer: RowWriter, verbose: bool) -> tune.Tuner:
+    pairs = [{"cell": c.to_dict(), "repeat": r} for c, r in plan.todo]
+    return tune.Tuner(
+        tune.with_resources(trial_fn, tune.PlacementGroupFactory([preflight.TRIAL_BUNDLE])),
+        param_space={"pair": tune.grid_search(pairs), "options": asdict(opts)},
+        tune_config=tune.TuneConfig(max_concurrent_trials=plan.spec.max_concurrent_trials, reuse_actors=False),
+        run_config=tune.RunConfig(
+            name=plan.sweep_id,
+            storage_path=opts.storage_path,
+            callbacks=[writer],
+            verbose=1 if verbose else 0,
+            failure_config=tune.FailureConfig(max_failures=0),
+        ),
+    )

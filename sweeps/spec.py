@@ -1,0 +1,203 @@
+"""The sweep spec: a YAML file, validated strictly into a `SweepSpec`.
+
+Every error is a `SpecError` naming the field's dotted path and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from results.store import valid_label
+from trainers.errors import ConfigError
+from trainers.model import PRESETS
+
+BACKENDS = ("auto", "nccl", "gloo")
+PLACEMENTS = ("auto", "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+GRID_MODES = ("ddp", "naive")
+ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_")
+
+
+class SpecError(ConfigError):
+    """A sweep spec field is invalid; `field` is its dotted path (e.g. `bucket_cap_mb[2]`)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepSpec:
+    """A sweep: fixed settings plus grid axes (lists). See sweeps/specs/*.yaml for examples."""
+
+    name: str
+    """Sweep name (a label: letters, digits, '_', '.', '-')."""
+    cluster: str = "local"
+    """Label the rows are filed under (cluster=<label>/ in the store)."""
+    model: str = "tiny"
+    """Model preset."""
+    micro_batch: int = 8
+    """Sequences per rank per micro-step."""
+    seq_len: int = 64
+    """Tokens per sequence."""
+    warmup_steps: int = 3
+    """Untimed optimizer steps per cell."""
+    timed_steps: int = 10
+    """Timed optimizer steps per cell."""
+    workers: list[int] = field(default_factory=lambda: [2])
+    """Grid: total DDP ranks (world size)."""
+    nodes: list[int] = field(default_factory=lambda: [1])
+    """Grid: nodes the ranks are spread over (workers must divide evenly)."""
+    bucket_cap_mb: list[float] = field(default_factory=lambda: [25.0])
+    """Grid: DDP bucket capacity in MB."""
+    gas: list[int] = field(default_factory=lambda: [1])
+    """Grid: gradient-accumulation micro-steps."""
+    no_sync: list[bool] = field(default_factory=lambda: [False])
+    """Grid: use DDP's no_sync() on the first gas-1 micro-steps."""
+    gradient_as_bucket_view: list[bool] = field(default_factory=lambda: [True])
+    """Grid: DDP's gradient_as_bucket_view."""
+    modes: list[str] = field(default_factory=lambda: ["ddp"])
+    """Grid: `ddp` and optionally `naive` (the single baseline is always added)."""
+    backend: str = "auto"
+    """`auto` (nccl with GPUs, gloo without), `nccl` or `gloo`."""
+    use_gpu: str | bool = "auto"
+    """`auto` (GPUs if the cluster has any) or a boolean."""
+    cpus_per_worker: float = 1.0
+    """CPUs reserved per worker; on CPU also the worker's torch thread count (floor, min 1)."""
+    placement: str = "auto"
+    """Ray placement strategy; `auto`: STRICT_PACK for one node, STRICT_SPREAD for one worker per node, else PACK."""
+    collective_timeout_s: float = 300.0
+    """Process-group timeout: a hung collective fails after this long."""
+    cell_timeout_s: float = 900.0
+    """A cell running longer than this becomes an error row."""
+    max_concurrent_trials: int = 1
+    """Cells measured at once (1: cells never contend for the same links)."""
+    repeats: int = 1
+    """Independent trials (rows) per cell, so between-run noise is visible."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra NCCL_*/GLOO_* variables for the workers."""
+    results: str = "./ddpsweep-results"
+    """Results root: a folder or a pyarrow filesystem URI (s3://…)."""
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+def _fail(path: str, value: Any, allowed: str) -> SpecError:
+    return SpecError(path, value, allowed)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+def _check_scalar(path: str, v: Any, kind: str) -> None:
+    checks = {
+        "int>=1": (lambda: _is_int(v) and v >= 1, "an integer >= 1"),
+        "int>=0": (lambda: _is_int(v) and v >= 0, "an integer >= 0"),
+        "num>0": (lambda: _is_num(v) and v > 0, "a number > 0"),
+        "bool": (lambda: isinstance(v, bool), "true or false"),
+        "label": (lambda: isinstance(v, str) and valid_label(v), "a label of letters, digits, '_', '.', '-' (max 64)"),
+        "str": (lambda: isinstance(v, str) and bool(v), "a non-empty string"),
+    }
+    ok, allowed = checks[kind]
+    if not ok():
+        raise _fail(path, v, allowed)
+
+
+def _check_choice(path: str, v: Any, choices: tuple) -> None:
+    if v not in choices or isinstance(v, bool) != isinstance(choices[0], bool):
+        raise _fail(path, v, f"one of {', '.join(map(str, choices))}")
+
+
+def _check_list(path: str, values: Any, kind: str | tuple) -> None:
+    if not isinstance(values, list) or not values:
+        raise _fail(path, values, "a non-empty list")
+    for i, v in enumerate(values):
+        if isinstance(kind, tuple):
+            _check_choice(f"{path}[{i}]", v, kind)
+        else:
+            _check_scalar(f"{path}[{i}]", v, kind)
+    if len(set(values)) != len(values):
+        raise _fail(path, values, "a list without duplicates")
+
+
+SCALARS = {
+    "name": "label", "cluster": "label", "micro_batch": "int>=1", "seq_len": "int>=1",
+    "warmup_steps": "int>=0", "timed_steps": "int>=1", "cpus_per_worker": "num>0",
+    "collective_timeout_s": "num>0", "cell_timeout_s": "num>0", "max_concurrent_trials": "int>=1",
+    "repeats": "int>=1", "results": "str",
+}  # fmt: skip
+LISTS = {
+    "workers": "int>=1", "nodes": "int>=1", "bucket_cap_mb": "num>0", "gas": "int>=1",
+    "no_sync": "bool", "gradient_as_bucket_view": "bool", "modes": GRID_MODES,
+}  # fmt: skip
+
+
+def _validate(spec: SweepSpec) -> None:
+    for name, kind in SCALARS.items():
+        _check_scalar(name, getattr(spec, name), kind)
+    for name, kind in LISTS.items():
+        _check_list(name, getattr(spec, name), kind)
+    _check_choice("model", spec.model, tuple(PRESETS))
+    _check_choice("backend", spec.backend, BACKENDS)
+    _check_choice("placement", spec.placement, PLACEMENTS)
+    if spec.use_gpu != "auto" and not isinstance(spec.use_gpu, bool):
+        raise _fail("use_gpu", spec.use_gpu, "auto, true or false")
+    if spec.seq_len > PRESETS[spec.model].block_size:
+        raise _fail("seq_len", spec.seq_len, f"1..{PRESETS[spec.model].block_size} (block size of {spec.model})")
+    _validate_env(spec.env)
+    _validate_nodes(spec)
+    if spec.backend == "nccl" and spec.use_gpu is False:
+        raise _fail("backend", "nccl", "gloo or auto when use_gpu is false (NCCL needs GPUs)")
+
+
+def _validate_env(env: Any) -> None:
+    if not isinstance(env, dict):
+        raise _fail("env", env, "a mapping of variable name to string value")
+    for k, v in env.items():
+        if not isinstance(k, str) or not k.startswith(ENV_PREFIXES):
+            raise _fail(f"env.{k}", k, f"a variable starting with {', '.join(ENV_PREFIXES)}")
+        if not isinstance(v, (str, int, float)) or isinstance(v, bool):
+            raise _fail(f"env.{k}", v, "a string or number")
+
+
+def _validate_nodes(spec: SweepSpec) -> None:
+    if not any(w % n == 0 and w >= n for w in spec.workers for n in spec.nodes):
+        raise _fail("nodes", spec.nodes, f"node counts that divide some worker count in {spec.workers}")
+
+
+def spec_from_dict(data: Any, source: str = "spec") -> SweepSpec:
+    """Build a SweepSpec from parsed YAML/JSON, rejecting unknown keys."""
+    if not isinstance(data, dict):
+        raise SpecError(source, type(data).__name__, "a mapping of fields (see sweeps/specs/smoke.yaml)")
+    known = {f.name for f in fields(SweepSpec)}
+    for key in data:
+        if key not in known:
+            raise SpecError(str(key), data[key], f"a known field: {', '.join(sorted(known))}")
+    if "name" not in data:
+        raise SpecError("name", None, "a label naming the sweep (required)")
+    data = dict(data)
+    if "env" in data and isinstance(data["env"], dict):
+        data["env"] = {k: str(v) if _is_num(v) else v for k, v in data["env"].items()}
+    return SweepSpec(**data)
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read and validate a YAML (or JSON) spec file."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError("SPEC", str(path), "an existing YAML file, e.g. sweeps/specs/smoke.yaml")
+    return parse_spec(p.read_text(), source=str(path))
+
+
+def parse_spec(text: str, source: str = "spec") -> SweepSpec:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise SpecError(source, "unparseable YAML", f"valid YAML ({e})") from None
+    return spec_from_dict(data, source)
