@@ -98,9 +98,9 @@ class Store:
         keep = []
         for info in infos:
             name = info.base_name
-            if info.type == pafs.FileType.File and name.endswith(".parquet") and not name.startswith((".", "_")):
-                if sweep is None or f"/sweep={sweep}/" in info.path:
-                    keep.append(info.path)
+            is_row = info.type == pafs.FileType.File and name.endswith(".parquet") and not name.startswith((".", "_"))
+            if is_row and (sweep is None or f"/sweep={sweep}/" in info.path):
+                keep.append(info.path)
         return sorted(keep)
 
     def read_table(self, cluster: str | None = None, sweep: str | None = None) -> pa.Table:

@@ -138,7 +138,9 @@ def ray_session(address: str | None, verbose: bool) -> Iterator[None]:
     if address or os.environ.get("RAY_ADDRESS"):
         ray.init(address=address, **quiet)
     else:
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, **quiet)
+        # The dashboard serves the state API that Ray Train's placement-group cleaner needs to free
+        # the resources of a cell killed at cell_timeout_s; without it they stay reserved.
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=True, dashboard_host="127.0.0.1", **quiet)
     try:
         yield
     finally:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import ray
 import ray.tune
+from ray.exceptions import GetTimeoutError, RayTaskError
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from sweeps.grid import Cell
 from sweeps.rows import RowContext, error_row, now, ok_row
@@ -76,24 +78,25 @@ def build_trainer(cell: Cell, opts: TrialOptions, repeat: int) -> TorchTrainer:
     )
 
 
-def fit_with_timeout(trainer: TorchTrainer, timeout_s: float) -> Any:
-    """trainer.fit() on a thread; raise CellTimeout if it outlives timeout_s (the actor's exit reaps it)."""
-    box: dict[str, Any] = {}
+@ray.remote(num_cpus=0, max_retries=0)
+def fit_task(cell: dict, opts: dict, repeat: int) -> Any:
+    """Fit the cell's TorchTrainer in a task of its own, so a timeout can kill it with everything it owns."""
+    os.environ.update(TRAIN_ENV)
+    return build_trainer(Cell.from_dict(cell), TrialOptions(**opts), repeat).fit().return_value
 
-    def target() -> None:
-        try:
-            box["result"] = trainer.fit()
-        except BaseException as e:  # noqa: BLE001 — handed to the caller
-            box["error"] = e
 
-    thread = threading.Thread(target=target, daemon=True, name="ddpsweep-fit")
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise CellTimeout(f"cell exceeded cell_timeout_s={timeout_s:g} s")
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
+def fit_with_timeout(cell: Cell, opts: TrialOptions, repeat: int) -> Any:
+    """Rank 0's return value. Past cell_timeout_s the fit task is force-cancelled: its process dies,
+    and with it the Train controller and worker group it owns, freeing their resources."""
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    ref = fit_task.options(scheduling_strategy=here).remote(cell.to_dict(), asdict(opts), repeat)
+    try:
+        return ray.get(ref, timeout=opts.cell_timeout_s)
+    except GetTimeoutError:
+        ray.cancel(ref, force=True)
+        raise CellTimeout(f"cell exceeded cell_timeout_s={opts.cell_timeout_s:g} s") from None
+    except RayTaskError as e:
+        raise e.cause if isinstance(e.cause, Exception) else e from None
 
 
 def measure_row(cell: Cell, opts: TrialOptions, repeat: int) -> dict:
@@ -102,11 +105,10 @@ def measure_row(cell: Cell, opts: TrialOptions, repeat: int) -> dict:
                      cpus_per_worker=opts.cpus_per_worker, placement=placement_for(cell, opts.placement))  # fmt: skip
     started, t0 = now(), time.perf_counter()
     try:
-        os.environ.update(TRAIN_ENV)
-        result = fit_with_timeout(build_trainer(cell, opts, repeat), opts.cell_timeout_s)
-        if not result.return_value:
+        out = fit_with_timeout(cell, opts, repeat)
+        if not out:
             raise RuntimeError("rank 0 returned no measurement")
-        return ok_row(cell, ctx, result.return_value, started, time.perf_counter() - t0)
+        return ok_row(cell, ctx, out, started, time.perf_counter() - t0)
     except Exception as e:  # noqa: BLE001 — one bad cell never kills the grid
         message = f"{type(e).__name__}: {e}"
         return error_row(cell, ctx, message, started, time.perf_counter() - t0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 import ray
 import ray.train
@@ -23,13 +24,25 @@ def _placement() -> list[list[str]]:
     return every
 
 
-FAULT_ENV = "DDPSWEEP_FAULT_CELL"  # testing hook: a worker of this cell id raises, as a real bug would
+# Fault-injection hook for tests of the error paths: a file whose lines are "<cell_id> raise|hang".
+FAULT_FILE_ENV = "DDPSWEEP_FAULT_FILE"
+
+
+def _injected_fault(cell_id: str) -> None:
+    path = os.environ.get(FAULT_FILE_ENV)
+    if not path or not os.path.exists(path):
+        return
+    with open(path) as f:
+        faults = dict(line.split() for line in f if line.strip())
+    if faults.get(cell_id) == "raise":
+        raise RuntimeError(f"fault injected into cell {cell_id}")
+    if faults.get(cell_id) == "hang":
+        time.sleep(10**6)
 
 
 def train_fn_per_worker(config: dict) -> dict | None:
     """Measure the cell on this rank; rank 0 returns {result, placement, fingerprint}."""
-    if config.get("cell_id") and os.environ.get(FAULT_ENV) == config["cell_id"]:
-        raise RuntimeError(f"fault injected into cell {config['cell_id']} ({FAULT_ENV})")
+    _injected_fault(config.get("cell_id", ""))
     cfg = StepConfig(**config["step"])
     device = ray.train.torch.get_device()
     result = run_cell(cfg, device, num_threads=config["threads"])
