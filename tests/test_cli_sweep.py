@@ -1,0 +1,103 @@
+"""The `ddpsweep run` command as users run it: a subprocess with the embedded local Ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import ray
+from typer.testing import CliRunner
+
+from results.store import Store, load
+from service.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ROOT / "sweeps" / "specs" / "smoke.yaml"
+
+
+def ddpsweep(*args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "service.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)  # fmt: skip
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_smoke_spec_end_to_end(tmp_path):
+    proc = ddpsweep("run", str(SMOKE), "--results", str(tmp_path), "--cluster", "ci")
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, err[-3000:]
+    rows = load(str(tmp_path), cluster="ci")
+    assert len(rows) == 11  # 2 baselines + 3 buckets x (gas 1 + gas 2 x no_sync both)
+    assert set(rows["status"]) == {"ok"}
+    assert (rows["step_ms"] > 0).all() and rows["replicas_in_sync"].all()
+    expected_tps = rows["tokens_per_step"] / (rows["step_ms"] / 1e3)
+    assert ((rows["tokens_per_s"] - expected_tps).abs() / expected_tps < 1e-9).all()
+    single = rows[rows["mode"] == "single"]
+    assert sorted(single["gas"]) == [1, 2] and (single["world_size"] == 1).all()
+    ddp = rows[rows["mode"] == "ddp"]
+    assert (ddp["world_size"] == 2).all() and (ddp["backend"] == "gloo").all() and (ddp["num_threads"] == 1).all()
+    assert (ddp[ddp["bucket_cap_mb"] == 0.05]["num_buckets"] > ddp[ddp["bucket_cap_mb"] == 25]["num_buckets"].max()).all()
+    for col in ("accelerator", "torch_version", "ray_version", "python_version", "ddpsweep_version"):
+        assert rows[col].str.len().gt(0).all(), col
+    assert all(len(h) == 1 for h in rows["hosts"])
+    assert "OMP_NUM_THREADS" in json.loads(rows["env"].iloc[0])
+    assert out.count(" ok\n") == 11 and "best bucket" in out and "efficiency" in out
+    assert "Configuration for experiment" not in out  # Ray's console noise stays out of the way
+
+
+@pytest.mark.ray
+def test_interrupted_sweep_loses_nothing_and_resumes_only_the_rest(tmp_path):
+    spec = tmp_path / "mini.yaml"
+    spec.write_text(SMOKE.read_text().replace("bucket_cap_mb: [0.05, 0.25, 25]", "bucket_cap_mb: [25]")
+                    .replace("gas: [1, 2]", "gas: [1]").replace("timed_steps: 10", "timed_steps: 3"))  # fmt: skip
+    results = tmp_path / "store"
+    proc = ddpsweep("run", str(spec), "--results", str(results), "--sweep-id", "interrupted")
+    store = Store.open(str(results))
+    deadline = time.time() + 300
+    while not store.files() and time.time() < deadline:
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver dies mid-sweep
+    proc.communicate()
+    (first,) = store.files()
+    first_mtime = os.stat(first).st_mtime_ns
+    resumed = ddpsweep("run", str(spec), "--results", str(results), "--resume", "interrupted")
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err[-3000:]
+    assert "1 of 2 trials to run" in out
+    rows = load(str(results))
+    assert len(rows) == 2 and set(rows["status"]) == {"ok"} and rows["cell_id"].is_unique
+    assert os.stat(first).st_mtime_ns == first_mtime
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("name: bad\nbucket_caps: [25]\n", "bucket_caps"),
+        ("name: bad\nbucket_cap_mb: [-1]\n", "bucket_cap_mb[0]"),
+        ("name: bad\ngas: []\n", "gas"),
+        ("name: bad\nworkers: [3]\nnodes: [2]\n", "nodes"),
+        ("name: bad\nworkers: [64]\nuse_gpu: false\n", "workers"),
+    ],
+)
+def test_bad_spec_exits_2_before_ray_starts(tmp_path, text, field):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(text)
+    assert not ray.is_initialized()
+    result = CliRunner().invoke(app, ["run", str(spec), "--results", str(tmp_path / "store")])
+    assert result.exit_code == 2
+    assert f"error: {field}:" in result.output
+    assert not ray.is_initialized()
+    assert not (tmp_path / "store").exists()
+
+
+def test_dry_run_prints_the_grid_and_writes_nothing(tmp_path):
+    result = CliRunner().invoke(app, ["run", str(SMOKE), "--dry-run", "--results", str(tmp_path / "s")])
+    assert result.exit_code == 0
+    assert result.output.strip().splitlines()[-1] == "11 cells x 1 repeat(s) = 11 trials"
+    assert not ray.is_initialized() and not (tmp_path / "s").exists()
