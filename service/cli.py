@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -67,6 +68,84 @@ def _print_summary(outcome, summary_text) -> None:
     typer.echo("\n" + summary_text(rows))
     typer.echo(f"\n{len(rows)} rows ({errors} errors) in {outcome.results} "
                f"cluster={outcome.cluster} sweep={outcome.sweep_id}")  # fmt: skip
+
+
+ResultsOpt = Annotated[str, typer.Option("--results", help="results root (folder or URI)")]
+DEFAULT_RESULTS = "./ddpsweep-results"
+
+
+@app.command()
+def query(
+    sql: Annotated[
+        str, typer.Argument(help="one SELECT over the views cells, cells_vs_baseline, u_curve, no_sync_gain")
+    ],
+    results: ResultsOpt = DEFAULT_RESULTS,
+    fmt: Annotated[str, typer.Option("--format", help="table | csv | json")] = "table",
+) -> None:
+    """SQL (DuckDB, read-only, sandboxed) over the results store."""
+    from results.query import query as run_query
+    from results.query import render
+
+    try:
+        typer.echo(render(run_query(results, sql), fmt))
+    except ResultsError as e:
+        raise fail(str(e)) from None
+
+
+@app.command()
+def compare(
+    cluster: Annotated[list[str], typer.Option("--cluster", help="exactly two cluster labels")],
+    results: ResultsOpt = DEFAULT_RESULTS,
+    sweep: Annotated[list[str] | None, typer.Option("--sweep", help="restrict to these sweep ids")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table | csv | json")] = "table",
+) -> None:
+    """Two clusters side by side: matched grid positions, ratio, comparability and significance flags."""
+    import pandas as pd
+
+    from results.compare import compare as compare_clusters
+    from results.query import render
+    from results.store import load
+
+    try:
+        if len(cluster) != 2:
+            raise ConfigError("--cluster", cluster, "exactly two labels: --cluster A --cluster B")
+        rows = [load(results, cluster=c) for c in cluster]
+        both = pd.concat(rows, ignore_index=True)
+        if sweep:
+            both = both[both["sweep_id"].isin(sweep)]
+        typer.echo(render(compare_clusters(both, cluster[0], cluster[1]), fmt))
+    except (ConfigError, ResultsError) as e:
+        raise fail(str(e)) from None
+
+
+@app.command()
+def report(
+    out: Annotated[str, typer.Option("--out", help="report.html, or a folder with --format png")],
+    results: ResultsOpt = DEFAULT_RESULTS,
+    cluster: Annotated[list[str] | None, typer.Option("--cluster", help="clusters to include (default all)")] = None,
+    sweep: Annotated[str | None, typer.Option("--sweep", help="one sweep id")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="html | png")] = "html",
+    algbw_gbps: Annotated[float | None, typer.Option(help="all-reduce algbw (GB/s) for the cost model")] = None,
+) -> None:
+    """A self-contained HTML report (figures embedded), or the figures as PNGs."""
+    import pandas as pd
+
+    from results.report import render_html, write_pngs
+    from results.store import load
+
+    try:
+        if fmt not in ("html", "png"):
+            raise ConfigError("--format", fmt, "html or png")
+        rows = pd.concat([load(results, cluster=c, sweep=sweep) for c in (cluster or [None])], ignore_index=True)
+        algbw = algbw_gbps * 1e9 if algbw_gbps else None
+        if fmt == "png":
+            for path in write_pngs(rows, out, algbw):
+                typer.echo(str(path))
+            return
+        Path(out).write_text(render_html(rows, f"ddpsweep report: {', '.join(cluster or ['all clusters'])}", algbw))
+        typer.echo(out)
+    except (ConfigError, ResultsError) as e:
+        raise fail(str(e)) from None
 
 
 def main() -> None:

@@ -42,13 +42,24 @@ def test_smoke_spec_end_to_end(tmp_path):
     assert sorted(single["gas"]) == [1, 2] and (single["world_size"] == 1).all()
     ddp = rows[rows["mode"] == "ddp"]
     assert (ddp["world_size"] == 2).all() and (ddp["backend"] == "gloo").all() and (ddp["num_threads"] == 1).all()
-    assert (ddp[ddp["bucket_cap_mb"] == 0.05]["num_buckets"] > ddp[ddp["bucket_cap_mb"] == 25]["num_buckets"].max()).all()
+    assert (
+        ddp[ddp["bucket_cap_mb"] == 0.05]["num_buckets"] > ddp[ddp["bucket_cap_mb"] == 25]["num_buckets"].max()
+    ).all()
     for col in ("accelerator", "torch_version", "ray_version", "python_version", "ddpsweep_version"):
         assert rows[col].str.len().gt(0).all(), col
     assert all(len(h) == 1 for h in rows["hosts"])
     assert "OMP_NUM_THREADS" in json.loads(rows["env"].iloc[0])
     assert out.count(" ok\n") == 11 and "best bucket" in out and "efficiency" in out
     assert "Configuration for experiment" not in out  # Ray's console noise stays out of the way
+
+    # the store a real Ray sweep wrote answers queries and renders a report
+    runner = CliRunner()
+    best = runner.invoke(
+        app, ["query", "select count(*) n from u_curve", "--results", str(tmp_path), "--format", "csv"]
+    )
+    assert best.exit_code == 0 and best.output.split() == ["n", "3"]  # gas 1, gas 2 x no_sync both
+    report = runner.invoke(app, ["report", "--results", str(tmp_path), "--out", str(tmp_path / "r.html")])
+    assert report.exit_code == 0 and (tmp_path / "r.html").read_text().count("data:image/png") == 3
 
 
 @pytest.mark.ray

@@ -1,0 +1,85 @@
+"""One self-contained HTML report (figures embedded as PNG data URIs, no remote assets), or the PNGs alone."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from datetime import UTC, datetime
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.figure import Figure
+
+from results import analysis, plots
+
+STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
+table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
+th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee;margin:0.5em 0}h2{margin-top:1.5em}"""
+
+
+def figures(rows: pd.DataFrame, algbw_bytes_per_s: float | None = None) -> dict[str, Figure]:
+    """The report's figures by file stem (only those the rows can support)."""
+    out = {}
+    ddp = rows[(rows["status"] == "ok") & (rows["mode"] == "ddp")]
+    if not ddp.empty:
+        out["u_curve"] = plots.u_curve_figure(rows)
+        out["efficiency"] = plots.efficiency_figure(rows)
+        if (ddp["gas"] > 1).any():
+            out["no_sync"] = plots.no_sync_figure(rows)
+        if algbw_bytes_per_s:
+            out["measured_vs_predicted"] = plots.measured_vs_predicted_figure(rows, algbw_bytes_per_s)
+    return out
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def write_pngs(rows: pd.DataFrame, out_dir: str | Path, algbw_bytes_per_s: float | None = None) -> list[Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for stem, fig in figures(rows, algbw_bytes_per_s).items():
+        path = out / f"{stem}.png"
+        path.write_bytes(_png(fig))
+        paths.append(path)
+    return paths
+
+
+def _table(df: pd.DataFrame, columns: list[str]) -> str:
+    cols = [c for c in columns if c in df.columns]
+    if df.empty:
+        return "<p>(none)</p>"
+    return df[cols].to_html(index=False, float_format=lambda v: f"{v:.3g}" if abs(v) < 1 else f"{v:.1f}", na_rep="–")
+
+
+def render_html(rows: pd.DataFrame, title: str, algbw_bytes_per_s: float | None = None) -> str:
+    """The whole report as one HTML string."""
+    ok = rows[rows["status"] == "ok"]
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+             f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
+             f"<p>{len(rows)} rows ({len(rows) - len(ok)} errors) from clusters "
+             f"{html.escape(', '.join(sorted(rows['cluster'].unique())))}; generated "
+             f"{datetime.now(UTC):%Y-%m-%d %H:%M UTC}.</p>"]  # fmt: skip
+    for stem, fig in figures(rows, algbw_bytes_per_s).items():
+        data = base64.b64encode(_png(fig)).decode()
+        parts.append(f"<h2>{stem.replace('_', ' ')}</h2><img alt='{stem}' src='data:image/png;base64,{data}'>")
+    curve = analysis.u_curve(rows)
+    parts += ["<h2>Best bucket per curve</h2>", _table(curve, ["cluster", "world_size", "gas", "no_sync",
+              "best_bucket_cap_mb", "best_step_ms", "best_efficiency", "largest_bucket_step_ms", "overlap_saved_ms",
+              "baseline_step_ms"])]  # fmt: skip
+    parts += ["<h2>no_sync gain</h2>", _table(analysis.no_sync_gain(rows), ["cluster", "world_size", "gas",
+              "bucket_cap_mb", "step_ms_sync", "step_ms_no_sync", "saved_ms", "tokens_per_s_gain"])]  # fmt: skip
+    parts += ["<h2>All cells</h2>", _table(analysis.with_baseline(rows), ["cluster", "sweep_id", "mode",
+              "world_size", "num_nodes", "bucket_cap_mb", "gas", "no_sync", "step_ms", "step_ms_cv", "tokens_per_s",
+              "efficiency", "exposed_comm_ms", "baseline_source", "n_repeats"])]  # fmt: skip
+    errors = rows[rows["status"] == "error"]
+    if not errors.empty:
+        parts += ["<h2>Errors</h2>", _table(errors, ["cluster", "sweep_id", "cell_id", "mode", "world_size", "error"])]
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,81 @@
+"""Tier 1: the analysis reproduces the seed post's figures from its own measurements, read back from a store."""
+
+from __future__ import annotations
+
+import pytest
+
+from results import analysis
+from results.store import Store, load
+from tests.seed_rows import GRAD_BYTES, seed_rows
+
+
+@pytest.fixture
+def seed_store(tmp_path):
+    store = Store.open(str(tmp_path))
+    for r in seed_rows():
+        store.write_row(r)
+    return str(tmp_path)
+
+
+def test_scaling_efficiency_and_exposed_communication(seed_store):
+    table = analysis.with_baseline(load(seed_store))
+    best = table[(table["gas"] == 1) & (table["bucket_cap_mb"] == 25.0)].iloc[0]
+    assert best["baseline_source"] == "measured"
+    assert best["tokens_per_s"] / 1e3 == pytest.approx(668.2, abs=0.1)
+    assert best["baseline_tokens_per_s"] / 1e3 == pytest.approx(100.6, abs=0.1)
+    assert best["efficiency"] == pytest.approx(0.830, abs=0.001)
+    assert best["exposed_comm_ms"] == pytest.approx(24.9, abs=0.01)
+    single = table[(table["gas"] == 1) & (table["bucket_cap_mb"] == 500.0)].iloc[0]
+    assert single["exposed_comm_ms"] == pytest.approx(49.8, abs=0.01)
+    assert single["exposed_comm_frac"] == pytest.approx(0.41, abs=0.005)
+
+
+def test_u_curve_best_bucket_and_overlap_saved(seed_store):
+    curve = analysis.u_curve(load(seed_store))
+    gas1 = curve[curve["gas"] == 1].iloc[0]
+    assert gas1["best_bucket_cap_mb"] == 25.0 and gas1["best_step_ms"] == 147.1
+    assert gas1["largest_bucket_cap_mb"] == 500.0
+    assert gas1["overlap_saved_ms"] == pytest.approx(24.9, abs=0.01)
+    assert gas1["buckets"] == 5
+
+
+def test_no_sync_gain_at_gas_4_with_the_gas1_baseline_fallback(seed_store):
+    table = analysis.with_baseline(load(seed_store))
+    g4 = table[(table["gas"] == 4) & table["no_sync"]].iloc[0]
+    assert g4["baseline_source"] == "gas1_scaled"  # the seed measured its baseline at gas 1 only
+    assert g4["baseline_step_ms"] == pytest.approx(4 * 122.2)
+    assert g4["tokens_per_s"] / 1e3 == pytest.approx(754.1, abs=0.1)
+    assert g4["efficiency"] == pytest.approx(0.94, abs=0.005)
+    gain = analysis.no_sync_gain(load(seed_store)).iloc[0]
+    assert gain["saved_ms"] == pytest.approx(61.3, abs=0.15)
+    assert gain["tokens_per_s_sync"] / 1e3 == pytest.approx(674.8, abs=0.05)
+    assert gain["tokens_per_s_gain"] / 1e3 == pytest.approx(754.1 - 674.8, abs=0.15)
+
+
+def test_allreduce_cost_model_predicts_49_ms():
+    assert analysis.allreduce_bytes_per_rank(GRAD_BYTES, 8) == pytest.approx(2 * 7 / 8 * GRAD_BYTES)
+    assert analysis.predicted_allreduce_ms(GRAD_BYTES, 10.1e9) == pytest.approx(49.3, abs=0.1)
+    busbw = analysis.busbw_from_algbw(10.1e9, 8)
+    assert busbw == pytest.approx(17.675e9)
+    # equivalently 2(N-1)/N * S / busbw
+    assert analysis.allreduce_bytes_per_rank(GRAD_BYTES, 8) / busbw * 1e3 == pytest.approx(49.3, abs=0.1)
+
+
+def test_measured_vs_predicted_single_bucket_within_2_percent(seed_store):
+    mvp = analysis.measured_vs_predicted(load(seed_store), algbw_bytes_per_s=10.1e9)
+    gas1 = mvp[mvp["gas"] == 1].iloc[0]
+    assert gas1["measured_single_bucket_overhead_ms"] == pytest.approx(49.8, abs=0.01)
+    assert abs(gas1["measured_single_bucket_overhead_ms"] / gas1["predicted_allreduce_ms"] - 1) < 0.02
+
+
+def test_repeats_are_aggregated_by_median_and_errors_ignored(tmp_path):
+    from tests.seed_rows import row
+
+    store = Store.open(str(tmp_path))
+    for i, ms in enumerate([120.0, 122.2, 130.0]):
+        store.write_row(row("single", 1, ms, repeat=i))
+    store.write_row(row("ddp", 8, 147.1, bucket=25.0))
+    store.write_row(row("ddp", 8, 1.0, bucket=50.0, status="error", error="boom"))
+    table = analysis.with_baseline(load(str(tmp_path)))
+    assert list(table["bucket_cap_mb"]) == [25.0]
+    assert table.iloc[0]["baseline_step_ms"] == 122.2

@@ -1,0 +1,160 @@
+"""Tier 1: the Parquet store (atomic files, old schemas, corrupt files), the SQL sandbox, compare, report."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from results.compare import compare
+from results.errors import QueryError, StoreNotFound, UnknownSelection
+from results.query import query
+from results.report import render_html, write_pngs
+from results.schema import SCHEMA
+from results.store import Store, load
+from service.cli import app
+from tests.seed_rows import row, seed_rows
+
+
+@pytest.fixture
+def store_root(tmp_path):
+    store = Store.open(str(tmp_path))
+    for r in seed_rows():
+        store.write_row(r)
+    return str(tmp_path)
+
+
+def test_rows_are_hive_partitioned_files_with_the_declared_schema(store_root):
+    store = Store.open(store_root)
+    files = store.files()
+    assert len(files) == 8
+    assert all("/cluster=pcie-8x/sweep=seed/" in f and f.endswith("-r0.parquet") for f in files)
+    assert pq.read_schema(files[0]).equals(SCHEMA, check_metadata=False)
+    leftovers = [n for _, _, names in os.walk(store_root) for n in names if n.startswith(".")]
+    assert leftovers == []  # no temporary files left behind
+
+
+def test_rewriting_a_pair_replaces_its_row(store_root):
+    store = Store.open(store_root)
+    store.write_row(row("single", 1, 99.0))
+    rows = load(store_root)
+    assert len(rows) == 8 and rows[rows["mode"] == "single"]["step_ms"].tolist() == [99.0]
+
+
+def test_older_schema_files_read_with_missing_columns_null(tmp_path):
+    old = pa.table({"sweep_id": ["old"], "cell_id": ["c1"], "repeat": [0], "cluster": ["legacy"], "status": ["ok"],
+                    "mode": ["ddp"], "world_size": [2], "step_ms": [10.0]})  # fmt: skip
+    folder = tmp_path / "cluster=legacy" / "sweep=old"
+    folder.mkdir(parents=True)
+    pq.write_table(old, folder / "c1-r0.parquet")
+    rows = load(str(tmp_path))
+    assert list(rows.columns) == SCHEMA.names
+    assert rows.iloc[0]["step_ms"] == 10.0 and rows.iloc[0]["world_size"] == 2
+    assert rows["tokens_per_s"].isna().all() and rows["nccl_version"].isna().all()
+
+
+def test_a_corrupt_file_is_skipped_with_a_warning_naming_it(store_root, caplog):
+    bad = Store.open(store_root).files()[0]
+    with open(bad, "r+b") as f:
+        f.truncate(100)
+    with caplog.at_level(logging.WARNING):
+        rows = load(store_root)
+    assert len(rows) == 7
+    assert bad in caplog.text
+    assert len(query(store_root, "select * from cells")) == 7
+
+
+def test_unknown_labels_list_what_exists(store_root, tmp_path):
+    with pytest.raises(UnknownSelection, match="clusters: pcie-8x"):
+        load(store_root, cluster="nvlink")
+    with pytest.raises(UnknownSelection, match="sweeps: seed"):
+        load(store_root, sweep="nope")
+    with pytest.raises(StoreNotFound):
+        load(str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="not a valid label"):
+        Store.open(store_root).write_row(row("single", 1, 1.0, cluster="../escape"))
+
+
+def test_sql_views_answer_the_seed_question(store_root):
+    df = query(store_root, "select best_bucket_cap_mb, round(best_efficiency, 2) e from u_curve where gas = 1")
+    assert df.to_dict("records") == [{"best_bucket_cap_mb": 25.0, "e": 0.83}]
+    n = query(store_root, "select count(*) n from cells_vs_baseline")["n"][0]
+    assert n == 7
+
+
+@pytest.mark.parametrize(
+    ("sql", "reason"),
+    [
+        ("select * from read_csv('/etc/passwd')", "disabled by configuration"),
+        ("select * from read_text('/etc/passwd')", "disabled by configuration"),
+        ("COPY (select 1) TO '/tmp/ddpsweep-leak.csv'", "COPY statements are not allowed"),
+        ("ATTACH '/tmp/ddpsweep-leak.db'", "ATTACH statements are not allowed"),
+        ("INSTALL httpfs", "not allowed"),
+        ("LOAD httpfs", "not allowed"),
+        ("SET enable_external_access = true", "SET statements are not allowed"),
+        ("select 1; copy (select 1) to '/tmp/x'", "COPY statements are not allowed"),
+        ("create table t as select 1", "CREATE statements are not allowed"),
+    ],
+)
+def test_sql_sandbox_refuses(store_root, sql, reason):
+    with pytest.raises(QueryError, match=re.escape(reason)):
+        query(store_root, sql)
+
+
+def test_sandbox_holds_even_without_the_statement_filter(store_root):
+    from results.query import sandboxed, views
+
+    con = sandboxed(views(store_root))
+    for sql in ("select * from read_csv('/etc/passwd')", "SET enable_external_access = true", "LOAD httpfs"):
+        with pytest.raises(Exception, match="disabled|locked|Permission"):
+            con.execute(sql)
+
+
+def test_compare_flags_incomparable_and_insignificant(tmp_path):
+    store = Store.open(str(tmp_path))
+    for r in seed_rows(cluster="a", cv=0.01):
+        store.write_row(r)
+    for r in seed_rows(cluster="b", cv=0.01):
+        r["step_ms"] *= 1.005 if r["bucket_cap_mb"] == 1.0 else 0.8
+        if r["bucket_cap_mb"] == 500.0:
+            r["nccl_version"] = "2.21.5"
+        store.write_row(r)
+    out = compare(load(str(tmp_path)), "a", "b").set_index(["mode", "gas", "no_sync", "bucket_cap_mb"])
+    assert out.loc[("ddp", 1, False, 25.0), "ratio"] == pytest.approx(0.8)
+    assert bool(out.loc[("ddp", 1, False, 25.0), "significant"])
+    assert not bool(out.loc[("ddp", 1, False, 1.0), "significant"])  # 0.5% < 2% combined noise
+    assert not bool(out.loc[("ddp", 1, False, 500.0), "comparable"])
+    assert "nccl_version 2.27.5 vs 2.21.5" in out.loc[("ddp", 1, False, 500.0), "why"]
+    assert bool(out.loc[("ddp", 1, False, 25.0), "comparable"])
+
+
+def test_report_is_self_contained_html_and_pngs(store_root, tmp_path):
+    rows = load(store_root)
+    page = render_html(rows, "seed", 10.1e9)
+    assert page.count("data:image/png;base64,") == 4
+    assert not re.search(r"(src|href)=['\"]?(https?:)?//", page)  # no remote assets
+    assert "Best bucket per curve" in page and "147.1" in page
+    paths = write_pngs(rows, tmp_path / "figs")
+    assert sorted(p.name for p in paths) == ["efficiency.png", "no_sync.png", "u_curve.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
+
+
+def test_cli_query_compare_report_errors_exit_2(store_root, tmp_path):
+    runner = CliRunner()
+    ok = runner.invoke(app, ["query", "select count(*) n from cells", "--results", store_root, "--format", "json"])
+    assert ok.exit_code == 0 and ok.output.strip() == '[{"n":8}]'
+    bad = runner.invoke(app, ["query", "select nope from cells", "--results", store_root])
+    assert bad.exit_code == 2 and 'column "nope" not found' in bad.output
+    passwd = runner.invoke(app, ["query", "select * from read_csv('/etc/passwd')", "--results", store_root])
+    assert passwd.exit_code == 2 and "root:" not in passwd.output
+    missing = runner.invoke(app, ["report", "--results", str(tmp_path / "none"), "--out", str(tmp_path / "r.html")])
+    assert missing.exit_code == 2 and "no results under" in missing.output
+    unknown = runner.invoke(app, ["compare", "--cluster", "pcie-8x", "--cluster", "x", "--results", store_root])
+    assert unknown.exit_code == 2 and "clusters: pcie-8x" in unknown.output
+    html = runner.invoke(app, ["report", "--results", store_root, "--out", str(tmp_path / "r.html")])
+    assert html.exit_code == 0 and (tmp_path / "r.html").read_text().startswith("<!doctype html>")
