@@ -14,7 +14,8 @@ def row(mode: str, world: int, step_ms: float, *, bucket: float | None = None, g
     cell = f"{mode}-{world}-{bucket}-{gas}-{int(no_sync)}".replace(".", "p")
     base = {
         "sweep_id": sweep, "cell_id": cell, "repeat": repeat, "cluster": cluster, "status": "ok", "error": "",
-        "spec_name": "seed", "started_at": datetime(2026, 1, 1, tzinfo=UTC), "finished_at": datetime(2026, 1, 1, tzinfo=UTC),
+        "spec_name": "seed", "started_at": datetime(2026, 1, 1, tzinfo=UTC),
+        "finished_at": datetime(2026, 1, 1, tzinfo=UTC),
         "mode": mode, "world_size": world, "num_nodes": 1, "workers_per_node": world, "backend": "nccl",
         "device_type": "cuda", "model": "gpt2-124m", "n_params": GRAD_BYTES // 4, "grad_bytes": GRAD_BYTES,
         "micro_batch": 12, "seq_len": 1024, "tokens_per_step": tokens, "bucket_cap_mb": bucket, "gas": gas,
