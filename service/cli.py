@@ -148,6 +148,113 @@ def report(
         raise fail(str(e)) from None
 
 
+AddressOpt = Annotated[str | None, typer.Option(help="Ray dashboard, e.g. http://HEAD:8265 (or RAY_ADDRESS)")]
+
+
+@app.command()
+def submit(
+    spec: Annotated[str, typer.Argument(help="YAML sweep spec")],
+    address: AddressOpt = None,
+    cluster: Annotated[str | None, typer.Option(help="cluster label for the rows; default: the spec's")] = None,
+    results: Annotated[str | None, typer.Option(help="results root every node can reach; default: the spec's")] = None,
+) -> None:
+    """Submit a sweep to a Ray cluster as a Ray Job (validated here first; nothing submitted on error)."""
+    from service import jobs
+    from sweeps.spec import load_spec
+
+    try:
+        parsed = load_spec(spec)
+        sweep_id, job_id = jobs.submit(Path(spec).read_text(), parsed, address=address, cluster=cluster,
+                                       results=results)  # fmt: skip
+    except (ConfigError, jobs.JobsError) as e:
+        raise fail(str(e)) from None
+    typer.echo(f"sweep {sweep_id} submitted as job {job_id}")
+
+
+@app.command()
+def status(
+    sweep_id: Annotated[str | None, typer.Argument(help="one sweep (default: all)")] = None,
+    address: AddressOpt = None,
+) -> None:
+    """Job state and cells written / planned, one sweep or all."""
+    from service import jobs
+
+    try:
+        found = jobs.status(address, sweep_id)
+    except (ConfigError, jobs.JobsError) as e:
+        raise fail(str(e)) from None
+    if not found:
+        typer.echo("no sweeps on this cluster")
+    for s in found:
+        typer.echo(f"{s.sweep_id}  {s.state:<9}  cells {s.written}/{s.planned}  errors {s.errors}  "
+                   f"cluster={s.cluster}  {s.results}")  # fmt: skip
+
+
+@app.command()
+def logs(
+    sweep_id: Annotated[str, typer.Argument(help="the sweep id")],
+    address: AddressOpt = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="stream until the job ends")] = False,
+) -> None:
+    """The sweep job's driver output."""
+    import asyncio
+
+    from service import jobs
+
+    try:
+        if not follow:
+            typer.echo(jobs.logs(address, sweep_id), nl=False)
+            return
+
+        async def stream() -> None:
+            async for chunk in jobs.follow_logs(address, sweep_id):
+                typer.echo(chunk, nl=False)
+
+        asyncio.run(stream())
+    except (ConfigError, jobs.JobsError) as e:
+        raise fail(str(e)) from None
+
+
+@app.command()
+def stop(sweep_id: Annotated[str, typer.Argument(help="the sweep id")], address: AddressOpt = None) -> None:
+    """Stop a running sweep (rows already written stay)."""
+    from service import jobs
+
+    try:
+        stopped = jobs.stop(address, sweep_id)
+    except (ConfigError, jobs.JobsError) as e:
+        raise fail(str(e)) from None
+    typer.echo(f"sweep {sweep_id}: {'stop requested' if stopped else 'was not running'}")
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="interface to bind")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+    address: AddressOpt = None,
+    results: ResultsOpt = DEFAULT_RESULTS,
+    token: Annotated[str | None, typer.Option(help="bearer token for mutating endpoints (or DDPSWEEP_TOKEN)")] = None,
+) -> None:
+    """The HTTP API (OpenAPI at /openapi.json, docs at /docs)."""
+    import os
+
+    import uvicorn
+
+    from service.api import ServiceSettings, create_app
+    from service.jobs import is_loopback
+
+    token = token or os.environ.get("DDPSWEEP_TOKEN")
+    if not token and not is_loopback(f"http://{host}"):
+        raise fail(f"--host {host} is not loopback: set --token or DDPSWEEP_TOKEN before exposing the API")
+    if not token:
+        import secrets
+
+        token = secrets.token_urlsafe(24)
+        typer.echo(f"no token given: this server's bearer token is {token}", err=True)
+    settings = ServiceSettings(address=address, results=results, token=token)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
+
+
 def main() -> None:
     sys.exit(app())
 

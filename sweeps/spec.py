@@ -6,6 +6,7 @@ Every error is a `SpecError` naming the field's dotted path and what is allowed.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -188,7 +189,12 @@ def spec_from_dict(data: Any, source: str = "spec") -> SweepSpec:
 
 
 def load_spec(path: str | Path) -> SweepSpec:
-    """Read and validate a YAML (or JSON) spec file."""
+    """Read and validate a YAML (or JSON) spec file; `env:NAME` reads the text from that variable."""
+    if str(path).startswith("env:"):
+        text = os.environ.get(str(path)[4:])
+        if text is None:
+            raise SpecError("SPEC", str(path), "an environment variable holding the spec's YAML")
+        return parse_spec(text, source=str(path))
     p = Path(path)
     if not p.is_file():
         raise SpecError("SPEC", str(path), "an existing YAML file, e.g. sweeps/specs/smoke.yaml")

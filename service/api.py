@@ -1,0 +1,225 @@
+"""The HTTP API over the same core as the CLI. Errors become one JSON shape here, at the edge:
+
+{"error": {"type": "SpecError", "message": "...", "field": "bucket_cap_mb[0]"}}
+"""
+
+from __future__ import annotations
+
+import hmac
+import html
+import io
+import json
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+import pandas as pd
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from results import compare as compare_mod
+from results import query as query_mod
+from results.errors import QueryError, ResultsError, StoreNotFound, UnknownSelection
+from results.report import render_html
+from results.store import load, valid_label
+from service import jobs
+from trainers.errors import ConfigError
+
+MAX_BODY_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    address: str | None  # Ray dashboard / job server
+    results: str  # results root
+    token: str | None  # bearer token for mutating endpoints and /query
+    max_body_bytes: int = MAX_BODY_BYTES
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, type_: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.type, self.message, self.field = status, type_, message, field
+
+
+def _error_response(status: int, type_: str, message: str, field: str | None = None) -> JSONResponse:
+    body = {"error": {"type": type_, "message": message} | ({"field": field} if field else {})}
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _status_for(exc: Exception) -> int:
+    if isinstance(exc, (UnknownSelection, StoreNotFound, jobs.SweepNotFound)):
+        return 404
+    if isinstance(exc, ConfigError):
+        return 422
+    if isinstance(exc, (QueryError, ResultsError)):
+        return 400
+    if isinstance(exc, jobs.JobsError):
+        return 503
+    return 500
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError):
+        return _error_response(exc.status, exc.type, exc.message, exc.field)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException):
+        return _error_response(exc.status_code, "HTTPError", str(exc.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        field = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query"))
+        return _error_response(422, "ValidationError", first.get("msg", "invalid request"), field or None)
+
+    @app.exception_handler(Exception)
+    async def any_error(_: Request, exc: Exception):
+        status = _status_for(exc)
+        message = str(exc) if status != 500 else "internal error (see the server log)"
+        return _error_response(status, type(exc).__name__, message, getattr(exc, "field", None))
+
+
+def require_token(settings: ServiceSettings):
+    async def check(request: Request) -> None:
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        expected = settings.token or ""
+        if scheme.lower() != "bearer" or not expected or not hmac.compare_digest(given.encode(), expected.encode()):
+            raise ApiError(401, "Unauthorized", "missing or wrong bearer token (Authorization: Bearer <token>)")
+
+    return check
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, "PayloadTooLarge", f"request body over {limit} bytes")
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, "PayloadTooLarge", f"request body over {limit} bytes")
+    return body
+
+
+def _label(kind: str, value: str | None) -> str | None:
+    if value is not None and not valid_label(value):
+        raise ApiError(422, "ValidationError", f"{kind} {value!r} is not a valid label", kind)
+    return value
+
+
+class QueryBody(BaseModel):
+    sql: str = Field(description="one read-only SELECT over cells, cells_vs_baseline, u_curve, no_sync_gain")
+    format: Literal["json", "csv"] = "json"
+
+
+def _frame_response(df: pd.DataFrame, fmt: str) -> Response:
+    if fmt == "csv":
+        return PlainTextResponse(df.to_csv(index=False), media_type="text/csv")
+    if fmt == "parquet":
+        buf = io.BytesIO()
+        df.to_parquet(buf, index=False)
+        return Response(buf.getvalue(), media_type="application/vnd.apache.parquet")
+    return Response(df.to_json(orient="records", date_format="iso"), media_type="application/json")
+
+
+def create_app(settings: ServiceSettings) -> FastAPI:
+    """The ddpsweep HTTP API (OpenAPI at /openapi.json, interactive docs at /docs)."""
+    app = FastAPI(title="ddpsweep", version="0.1.0",
+                  description="Submit DDP sweeps to a Ray cluster and query their Parquet results.")  # fmt: skip
+    install_error_handlers(app)
+    auth = Depends(require_token(settings))
+    add_sweep_routes(app, settings, auth)
+    add_result_routes(app, settings, auth)
+    return app
+
+
+def add_sweep_routes(app: FastAPI, settings: ServiceSettings, auth) -> None:
+    @app.post("/sweeps", status_code=201, dependencies=[auth], summary="Submit a sweep (spec as YAML or JSON)")
+    async def submit_sweep(request: Request, cluster: str | None = None, results: str | None = None) -> dict:
+        text = (await read_body(request, settings.max_body_bytes)).decode("utf-8", errors="replace")
+        spec = jobs.parse_submission(text)  # 422 naming the field, before anything is submitted
+        sweep_id, job_id = jobs.submit(text, spec, address=settings.address, cluster=_label("cluster", cluster),
+                                       results=results or settings.results)  # fmt: skip
+        return {"sweep_id": sweep_id, "job_id": job_id}
+
+    @app.get("/sweeps", summary="Every sweep the cluster knows: job state, cells written / planned, errors")
+    def list_sweeps() -> list[dict]:
+        return [s.to_dict() for s in jobs.status(settings.address)]
+
+    @app.get("/sweeps/{sweep_id}", summary="One sweep's state")
+    def get_sweep(sweep_id: str) -> dict:
+        return jobs.status(settings.address, _label("sweep_id", sweep_id))[0].to_dict()
+
+    @app.get("/sweeps/{sweep_id}/logs", response_class=PlainTextResponse, summary="The sweep job's output")
+    def sweep_logs(sweep_id: str) -> str:
+        return jobs.logs(settings.address, _label("sweep_id", sweep_id))
+
+    @app.delete("/sweeps/{sweep_id}", dependencies=[auth], summary="Stop a sweep (written rows stay)")
+    def stop_sweep(sweep_id: str) -> dict:
+        return {"sweep_id": sweep_id, "stopped": jobs.stop(settings.address, _label("sweep_id", sweep_id))}
+
+    @app.get("/", response_class=HTMLResponse, summary="HTML index of sweeps")
+    def index() -> str:
+        try:
+            sweeps = jobs.status(settings.address)
+        except (jobs.JobsError, ConfigError) as e:
+            sweeps, note = [], f"<p>Ray Jobs unavailable: {html.escape(str(e))}</p>"
+        else:
+            note = ""
+        rows = "".join(
+            f"<tr><td>{html.escape(s.sweep_id)}</td><td>{html.escape(s.state)}</td><td>{s.written}/{s.planned}</td>"
+            f"<td>{s.errors}</td><td>{html.escape(s.cluster)}</td>"
+            f"<td><a href='/report?sweep={html.escape(s.sweep_id)}'>report</a></td></tr>"
+            for s in sweeps
+        )
+        return (f"<!doctype html><html><head><meta charset='utf-8'><title>ddpsweep</title></head><body>"
+                f"<h1>ddpsweep sweeps</h1>{note}<table border=1><tr><th>sweep</th><th>state</th><th>cells</th>"
+                f"<th>errors</th><th>cluster</th><th></th></tr>{rows}</table>"
+                f"<p><a href='/docs'>API docs</a> · <a href='/report'>report of all results</a></p>"
+                f"</body></html>")  # fmt: skip
+
+
+def add_result_routes(app: FastAPI, settings: ServiceSettings, auth) -> None:
+    @app.get("/cells", summary="Result rows, filtered; json, csv or parquet")
+    def cells(
+        cluster: str | None = None, sweep: str | None = None, model: str | None = None,
+        world_size: int | None = None, gas: int | None = None, no_sync: bool | None = None,
+        status: Literal["ok", "error"] | None = None,
+        format: Literal["json", "csv", "parquet"] = "json",
+    ) -> Response:  # fmt: skip
+        rows = load(settings.results, cluster=_label("cluster", cluster), sweep=_label("sweep", sweep))
+        for col, value in {"model": model, "world_size": world_size, "gas": gas, "no_sync": no_sync,
+                           "status": status}.items():  # fmt: skip
+            if value is not None:
+                rows = rows[rows[col] == value]
+        return _frame_response(rows.reset_index(drop=True), format)
+
+    @app.post("/query", dependencies=[auth], summary="Read-only SQL (the sandbox of `ddpsweep query`)")
+    async def run_query(request: Request) -> Response:
+        raw = await read_body(request, settings.max_body_bytes)
+        try:
+            body = QueryBody.model_validate(json.loads(raw or b"{}"))
+        except (ValueError, json.JSONDecodeError) as e:
+            message = f"body must be {{'sql': …, 'format': 'json'|'csv'}}: {e}"
+            raise ApiError(422, "ValidationError", message, "sql") from None
+        return _frame_response(query_mod.query(settings.results, body.sql), body.format)
+
+    @app.get("/compare", summary="Two clusters side by side")
+    def compare(cluster: Annotated[list[str], Query()], sweep: Annotated[list[str] | None, Query()] = None) -> Response:
+        if len(cluster) != 2:
+            raise ApiError(422, "ValidationError", "give exactly two: ?cluster=A&cluster=B", "cluster")
+        rows = pd.concat([load(settings.results, cluster=_label("cluster", c)) for c in cluster], ignore_index=True)
+        if sweep:
+            rows = rows[rows["sweep_id"].isin(sweep)]
+        return _frame_response(compare_mod.compare(rows, cluster[0], cluster[1]), "json")
+
+    @app.get("/report", response_class=HTMLResponse, summary="The self-contained HTML report")
+    def report(cluster: str | None = None, sweep: str | None = None) -> str:
+        rows = load(settings.results, cluster=_label("cluster", cluster), sweep=_label("sweep", sweep))
+        return render_html(rows, f"ddpsweep report: {cluster or 'all clusters'}{' / ' + sweep if sweep else ''}")

@@ -1,0 +1,184 @@
+"""Remote sweeps through Ray Jobs: submit `ddpsweep run` with this project's code as working_dir, track it.
+
+The job's submission id is the sweep id, so every command takes the sweep id.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from results.store import Store, valid_label
+from sweeps.runner import new_sweep_id
+from sweeps.spec import SpecError, SweepSpec, spec_from_dict
+from trainers.errors import DDPSweepError
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+SPEC_ENV = "DDPSWEEP_SPEC_YAML"  # the spec travels to the job in its runtime_env
+EXCLUDES = [".git", ".venv", "**/__pycache__", ".pytest_cache", ".ruff_cache", "*.egg-info", "build",
+            "ddpsweep-results", "benchmarks/out"]  # fmt: skip
+
+
+class JobsError(DDPSweepError):
+    """Ray Jobs could not be reached, or refused the request."""
+
+
+class SweepNotFound(JobsError):
+    """No ddpsweep job with that sweep id on the cluster."""
+
+
+@dataclass(frozen=True)
+class SweepStatus:
+    sweep_id: str
+    job_id: str
+    state: str  # Ray Jobs status: PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED
+    cluster: str
+    results: str
+    planned: int
+    written: int
+    errors: int
+    message: str
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def resolve_address(address: str | None) -> str:
+    """The job server: the argument, else RAY_API_SERVER_ADDRESS / RAY_ADDRESS, as Ray's own tools read them."""
+    found = address or os.environ.get("RAY_API_SERVER_ADDRESS") or os.environ.get("RAY_ADDRESS")
+    if not found:
+        raise SpecError("--address", None, "the Ray dashboard address, e.g. http://HEAD:8265 (or set RAY_ADDRESS)")
+    return found if "://" in found else f"http://{found}"
+
+
+def is_loopback(address: str) -> bool:
+    host = urlparse(address).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def client(address: str | None):
+    from ray.job_submission import JobSubmissionClient
+
+    addr = resolve_address(address)
+    try:
+        return JobSubmissionClient(addr)
+    except Exception as e:  # noqa: BLE001 — connection errors come in many types
+        raise JobsError(f"cannot reach the Ray job server at {addr}: {e}") from None
+
+
+def check_results_reachable(address: str, results: str) -> None:
+    """A remote cluster cannot write into this machine's folders."""
+    if "://" not in results and not is_loopback(address):
+        allowed = (
+            "storage every node and this client can reach (s3://…, gs://…, or a shared mount as "
+            "file:///…): a local path on a remote cluster strands the rows"
+        )
+        raise SpecError("results", results, allowed)
+
+
+def submit(spec_yaml: str, spec: SweepSpec, *, address: str | None, cluster: str | None = None,
+           results: str | None = None) -> tuple[str, str]:  # fmt: skip
+    """Submit `ddpsweep run` as a Ray Job. Returns (sweep_id, job_id)."""
+    addr = resolve_address(address)
+    results = results or spec.results
+    cluster = cluster or spec.cluster
+    if not valid_label(cluster):
+        raise SpecError("cluster", cluster, "a label of letters, digits, '_', '.', '-' (max 64)")
+    check_results_reachable(addr, results)
+    if "://" not in results:
+        results = str(Path(results).expanduser().resolve())
+    sweep_id = new_sweep_id(spec.name)
+    entrypoint = shlex.join(["python", "-m", "service.cli", "run", f"env:{SPEC_ENV}", "--results", results,
+                             "--cluster", cluster, "--sweep-id", sweep_id])  # fmt: skip
+    runtime_env = {"working_dir": str(PROJECT_ROOT), "excludes": EXCLUDES,
+                   "env_vars": {SPEC_ENV: spec_yaml, **{k: str(v) for k, v in spec.env.items()}}}  # fmt: skip
+    metadata = {"ddpsweep": "1", "cluster": cluster, "results": results, "spec_name": spec.name}
+    try:
+        job_id = client(addr).submit_job(entrypoint=entrypoint, submission_id=sweep_id, runtime_env=runtime_env,
+                                         metadata=metadata)  # fmt: skip
+    except JobsError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise JobsError(f"Ray Jobs refused the submission: {e}") from None
+    return sweep_id, job_id
+
+
+def parse_submission(text: str) -> SweepSpec:
+    """Validate a spec given as YAML or JSON text (JSON is YAML)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise SpecError("spec", "unparseable", f"YAML or JSON ({e})") from None
+    return spec_from_dict(data)
+
+
+def _require_id(sweep_id: str) -> str:
+    if not valid_label(sweep_id):
+        raise SpecError("sweep_id", sweep_id, "a sweep id (letters, digits, '_', '.', '-')")
+    return sweep_id
+
+
+def _counts(cluster: str, sweep_id: str, results: str) -> tuple[int, int, int]:
+    """(planned, written, errors) from the results store, where this client can read it."""
+    try:
+        store = Store.open(results)
+        manifest = store.read_manifest(cluster, sweep_id) or {}
+        rows = store.read_table(cluster, sweep_id).column("status").to_pylist()
+    except Exception:  # noqa: BLE001 — an unreachable store only means unknown counts
+        return -1, -1, -1
+    return int(manifest.get("planned", 0)), len(rows), rows.count("error")
+
+
+def _status(info) -> SweepStatus:
+    meta = info.metadata or {}
+    planned, written, errors = _counts(meta.get("cluster", ""), info.submission_id, meta.get("results", ""))
+    return SweepStatus(sweep_id=info.submission_id, job_id=info.job_id or info.submission_id,
+                       state=str(info.status.value if hasattr(info.status, "value") else info.status),
+                       cluster=meta.get("cluster", ""), results=meta.get("results", ""), planned=planned,
+                       written=written, errors=errors, message=info.message or "")  # fmt: skip
+
+
+def status(address: str | None, sweep_id: str | None = None) -> list[SweepStatus]:
+    """One sweep, or every ddpsweep job the cluster knows, newest first."""
+    c = client(address)
+    if sweep_id is not None:
+        return [_status(_info(c, _require_id(sweep_id)))]
+    jobs = [j for j in c.list_jobs() if (j.metadata or {}).get("ddpsweep") == "1" and j.submission_id]
+    return [_status(j) for j in sorted(jobs, key=lambda j: j.start_time or 0, reverse=True)]
+
+
+def _info(c, sweep_id: str):
+    try:
+        return c.get_job_info(sweep_id)
+    except Exception as e:  # noqa: BLE001 — the SDK raises RuntimeError for unknown ids
+        raise SweepNotFound(f"no sweep {sweep_id!r} on this cluster ({e})") from None
+
+
+def logs(address: str | None, sweep_id: str) -> str:
+    c = client(address)
+    _info(c, _require_id(sweep_id))
+    return c.get_job_logs(sweep_id)
+
+
+async def follow_logs(address: str | None, sweep_id: str):
+    c = client(address)
+    _info(c, _require_id(sweep_id))
+    async for chunk in c.tail_job_logs(sweep_id):
+        yield chunk
+
+
+def stop(address: str | None, sweep_id: str) -> bool:
+    c = client(address)
+    _info(c, _require_id(sweep_id))
+    return bool(c.stop_job(sweep_id))

@@ -1,0 +1,195 @@
+"""Tier 5: the HTTP API in-process and `ddpsweep submit|status|logs|stop` against a real `ray start --head`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from service.api import ServiceSettings, create_app
+from service.cli import app as cli_app
+
+pytestmark = pytest.mark.ray
+ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "test-token-1234"
+MINI = (ROOT / "sweeps/specs/smoke.yaml").read_text().replace("bucket_cap_mb: [0.05, 0.25, 25]", "bucket_cap_mb: [25]")
+LONG = MINI.replace("timed_steps: 10", "timed_steps: 100000").replace("gas: [1, 2]", "gas: [1]")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def head():
+    """A real Ray head with its job server on loopback, in its own temp dir; only its processes are stopped."""
+    temp = tempfile.mkdtemp(prefix="ddps-", dir="/tmp")  # short: Ray's socket paths must stay < 108 bytes
+    dash = free_port()
+    ports = {"--port": free_port(), "--dashboard-port": dash, "--ray-client-server-port": free_port(),
+             "--dashboard-agent-listen-port": free_port(), "--metrics-export-port": free_port()}  # fmt: skip
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--num-cpus=2", "--include-dashboard=true",
+           "--dashboard-host=127.0.0.1", "--node-ip-address=127.0.0.1", f"--temp-dir={temp}",
+           *[f"{k}={v}" for k, v in ports.items()]]  # fmt: skip
+    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=120)
+    address = f"http://127.0.0.1:{dash}"
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    _wait_for_job_server(address)
+    yield address
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(temp in part for part in proc.info["cmdline"] or []):
+            proc.send_signal(signal.SIGKILL)
+
+
+def _wait_for_job_server(address: str) -> None:
+    from ray.job_submission import JobSubmissionClient
+
+    deadline = time.time() + 60
+    while True:
+        try:
+            JobSubmissionClient(address).list_jobs()
+            return
+        except Exception:  # noqa: BLE001
+            if time.time() > deadline:
+                raise
+            time.sleep(1)
+
+
+@pytest.fixture
+def api(head, tmp_path):
+    settings = ServiceSettings(address=head, results=str(tmp_path / "store"), token=TOKEN)
+    return TestClient(create_app(settings)), settings
+
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def wait_state(client: TestClient, sweep_id: str, states: set[str], timeout: float = 400) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        info = client.get(f"/sweeps/{sweep_id}").json()
+        if info["state"] in states:
+            return info
+        time.sleep(2)
+    raise AssertionError(f"sweep {sweep_id} never reached {states}: {info}")
+
+
+def test_post_sweeps_runs_on_the_cluster_and_rows_come_back_over_http(api):
+    client, settings = api
+    submitted = client.post("/sweeps", content=MINI, headers=AUTH)
+    assert submitted.status_code == 201, submitted.text
+    sweep_id = submitted.json()["sweep_id"]
+    info = wait_state(client, sweep_id, {"SUCCEEDED", "FAILED", "STOPPED"})
+    logs = client.get(f"/sweeps/{sweep_id}/logs").text
+    assert info["state"] == "SUCCEEDED", logs[-3000:]
+    assert (info["written"], info["planned"], info["errors"]) == (5, 5, 0)  # 2 baselines + gas1 + gas2 x no_sync
+    assert f"sweep {sweep_id}" in logs and "best bucket" in logs
+    cells = client.get("/cells", params={"sweep": sweep_id, "status": "ok"}).json()
+    assert len(cells) == 5 and all(c["replicas_in_sync"] for c in cells)
+    ddp = client.get("/cells", params={"sweep": sweep_id, "world_size": 2, "format": "csv"}).text
+    assert len(ddp.strip().splitlines()) == 1 + 3
+    counted = client.post("/query", json={"sql": "select count(*) n from cells"}, headers=AUTH).json()
+    assert counted == [{"n": 5}]
+    assert sweep_id in client.get("/").text
+    assert client.get("/report", params={"sweep": sweep_id}).text.count("data:image/png") >= 2
+    assert [s["sweep_id"] for s in client.get("/sweeps").json()].count(sweep_id) == 1
+
+
+def test_cli_submit_status_logs_and_stop_a_running_sweep(head, tmp_path):
+    spec = tmp_path / "long.yaml"
+    spec.write_text(LONG)
+    runner = CliRunner()
+    base = ["--address", head]
+    out = runner.invoke(cli_app, ["submit", str(spec), *base, "--results", str(tmp_path / "store")])
+    assert out.exit_code == 0, out.output
+    sweep_id = out.output.split()[1]
+    deadline = time.time() + 120
+    while "cells 1/" not in (st := runner.invoke(cli_app, ["status", sweep_id, *base]).output):
+        assert time.time() < deadline, st  # the baseline row lands, then the long DDP cell runs
+        time.sleep(2)
+    assert "RUNNING" in st
+    stopped = runner.invoke(cli_app, ["stop", sweep_id, *base])
+    assert stopped.exit_code == 0 and "stop requested" in stopped.output
+    deadline = time.time() + 60
+    while "STOPPED" not in (st := runner.invoke(cli_app, ["status", sweep_id, *base]).output):
+        assert time.time() < deadline, st
+        time.sleep(1)
+    assert "cells 1/" in st  # the row written before the stop is kept
+    assert f"sweep {sweep_id}" in runner.invoke(cli_app, ["logs", sweep_id, *base]).output
+    listed = runner.invoke(cli_app, ["status", *base]).output
+    assert sweep_id in listed
+    unknown = runner.invoke(cli_app, ["status", "no-such-sweep", *base])
+    assert unknown.exit_code == 2 and "no sweep 'no-such-sweep'" in unknown.output
+
+
+def test_auth_validation_and_sandbox_over_http(api, head):
+    from ray.job_submission import JobSubmissionClient
+
+    client, _ = api
+    jobs_before = len(JobSubmissionClient(head).list_jobs())
+    assert client.post("/sweeps", content=MINI).status_code == 401
+    wrong = client.post("/sweeps", content=MINI, headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "Unauthorized"
+    assert client.delete("/sweeps/x").status_code == 401
+    assert client.post("/query", json={"sql": "select 1"}).status_code == 401
+    bad = client.post("/sweeps", content="name: bad\nbucket_cap_mb: [-1]\n", headers=AUTH)
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "bucket_cap_mb[0]"
+    unknown = client.post("/sweeps", content='{"name": "j", "bucket_caps": [1]}', headers=AUTH)
+    assert unknown.status_code == 422 and unknown.json()["error"]["field"] == "bucket_caps"
+    assert len(JobSubmissionClient(head).list_jobs()) == jobs_before  # nothing submitted
+    huge = client.post("/sweeps", content="#" * 300_000, headers=AUTH)
+    assert huge.status_code == 413
+    for path in ("/sweeps/..%2F..%2Fetc", "/cells?cluster=../../etc", "/report?sweep=..%2Fx"):
+        r = client.get(path)
+        assert r.status_code in (404, 422) and "error" in r.json(), path
+    assert client.get("/sweeps/no-such-sweep").status_code == 404
+
+
+def test_sql_sandbox_and_errors_have_one_shape(api, tmp_path):
+    from results.store import Store
+    from tests.seed_rows import seed_rows
+
+    client, settings = api
+    store = Store.open(settings.results)
+    for r in seed_rows():
+        store.write_row(r)
+    passwd = client.post("/query", json={"sql": "select * from read_csv('/etc/passwd')"}, headers=AUTH)
+    assert passwd.status_code == 400 and "root:" not in passwd.text
+    assert passwd.json()["error"]["type"] == "QueryError"
+    copy = client.post("/query", json={"sql": "copy cells to '/tmp/leak.csv'"}, headers=AUTH)
+    assert copy.status_code == 400 and "not allowed" in copy.json()["error"]["message"]
+    assert client.post("/query", content=b"not json", headers=AUTH).status_code == 422
+    assert client.get("/compare", params={"cluster": "pcie-8x"}).status_code == 422
+    pq = client.get("/cells", params={"format": "parquet"})
+    assert pq.status_code == 200 and pq.content[:4] == b"PAR1"
+    missing = client.get("/cells", params={"cluster": "nvlink"})
+    assert missing.status_code == 404 and "clusters: pcie-8x" in missing.json()["error"]["message"]
+    assert "/sweeps" in client.get("/openapi.json").json()["paths"]
+    assert client.get("/docs").status_code == 200
+
+
+def test_remote_submission_with_a_local_results_path_is_refused():
+    from service import jobs
+    from sweeps.spec import SpecError, parse_spec
+
+    with pytest.raises(SpecError) as err:
+        jobs.submit(MINI, parse_spec(MINI), address="http://10.1.2.3:8265", results="./local-results")
+    assert err.value.field == "results" and "every node" in str(err.value)
+
+
+def test_serve_refuses_a_public_host_without_a_token(monkeypatch):
+    monkeypatch.delenv("DDPSWEEP_TOKEN", raising=False)
+    out = CliRunner().invoke(cli_app, ["serve", "--host", "0.0.0.0"])
+    assert out.exit_code == 2 and "not loopback" in out.output
