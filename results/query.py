@@ -6,6 +6,8 @@ with efficiency and exposed communication), `u_curve` (best bucket per curve), `
 
 from __future__ import annotations
 
+import json
+
 import duckdb
 import pandas as pd
 
@@ -71,12 +73,21 @@ def query(root: str, sql: str) -> pd.DataFrame:
         con.close()
 
 
+def to_csv(df: pd.DataFrame) -> str:
+    """CSV with list columns (step times, bucket sizes, hosts) as JSON arrays, one row per line."""
+    out = df.copy()
+    for col in out.columns:
+        if out[col].dtype == object and out[col].map(lambda v: hasattr(v, "__len__") and not isinstance(v, str)).any():
+            out[col] = out[col].map(lambda v: json.dumps(list(v), default=float) if v is not None else "")
+    return out.to_csv(index=False)
+
+
 def render(df: pd.DataFrame, fmt: str) -> str:
     """A result as text: an aligned table, CSV, or JSON records."""
     if fmt not in FORMATS:
         raise QueryError(f"format {fmt!r}: allowed: {', '.join(FORMATS)}")
     if fmt == "csv":
-        return df.to_csv(index=False)
+        return to_csv(df)
     if fmt == "json":
         return df.to_json(orient="records", date_format="iso")
     return df.to_string(index=False) if not df.empty else "(no rows)"

@@ -9,6 +9,7 @@ import hmac
 import html
 import io
 import json
+import logging
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -25,7 +26,9 @@ from results.errors import QueryError, ResultsError, StoreNotFound, UnknownSelec
 from results.report import render_html
 from results.store import load, valid_label
 from service import jobs
-from trainers.errors import ConfigError
+from trainers.errors import ConfigError, DDPSweepError
+
+log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 256 * 1024
 
@@ -77,11 +80,16 @@ def install_error_handlers(app: FastAPI) -> None:
         field = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query"))
         return _error_response(422, "ValidationError", first.get("msg", "invalid request"), field or None)
 
+    async def known_error(_: Request, exc: Exception):
+        return _error_response(_status_for(exc), type(exc).__name__, str(exc), getattr(exc, "field", None))
+
+    app.add_exception_handler(DDPSweepError, known_error)  # ConfigError, SpecError, JobsError
+    app.add_exception_handler(ResultsError, known_error)
+
     @app.exception_handler(Exception)
-    async def any_error(_: Request, exc: Exception):
-        status = _status_for(exc)
-        message = str(exc) if status != 500 else "internal error (see the server log)"
-        return _error_response(status, type(exc).__name__, message, getattr(exc, "field", None))
+    async def unexpected_error(_: Request, exc: Exception):
+        log.exception("unhandled error")
+        return _error_response(500, "InternalError", "internal error (see the server log)")
 
 
 def require_token(settings: ServiceSettings):
@@ -120,7 +128,7 @@ class QueryBody(BaseModel):
 
 def _frame_response(df: pd.DataFrame, fmt: str) -> Response:
     if fmt == "csv":
-        return PlainTextResponse(df.to_csv(index=False), media_type="text/csv")
+        return PlainTextResponse(query_mod.to_csv(df), media_type="text/csv")
     if fmt == "parquet":
         buf = io.BytesIO()
         df.to_parquet(buf, index=False)

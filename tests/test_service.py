@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import os
 import signal
 import socket
@@ -23,7 +26,11 @@ pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "test-token-1234"
 MINI = (ROOT / "sweeps/specs/smoke.yaml").read_text().replace("bucket_cap_mb: [0.05, 0.25, 25]", "bucket_cap_mb: [25]")
-LONG = MINI.replace("timed_steps: 10", "timed_steps: 100000").replace("gas: [1, 2]", "gas: [1]")
+LONG = (
+    MINI.replace("timed_steps: 10", "timed_steps: 200")
+    .replace("gas: [1, 2]", "gas: [1]")
+    .replace("bucket_cap_mb: [25]", "bucket_cap_mb: [0.05, 0.25, 25, 50]")
+)  # a baseline, then four DDP cells of ~15 s each: time to stop it mid-sweep
 
 
 def free_port() -> int:
@@ -48,9 +55,21 @@ def head():
     os.environ["RAY_AUTH_MODE"] = "disabled"
     _wait_for_job_server(address)
     yield address
+    stop_head(temp, ports["--port"])
+
+
+def stop_head(temp: str, gcs_port: int) -> None:
+    """Kill this head's processes (found by its temp dir or GCS port) and their children; nothing else."""
+    ours = []
     for proc in psutil.process_iter(["cmdline"]):
-        if any(temp in part for part in proc.info["cmdline"] or []):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if temp in cmdline or f":{gcs_port}" in cmdline:
+            ours += [proc, *proc.children(recursive=True)]
+    for proc in ours:
+        try:
             proc.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
 
 
 def _wait_for_job_server(address: str) -> None:
@@ -99,7 +118,9 @@ def test_post_sweeps_runs_on_the_cluster_and_rows_come_back_over_http(api):
     cells = client.get("/cells", params={"sweep": sweep_id, "status": "ok"}).json()
     assert len(cells) == 5 and all(c["replicas_in_sync"] for c in cells)
     ddp = client.get("/cells", params={"sweep": sweep_id, "world_size": 2, "format": "csv"}).text
-    assert len(ddp.strip().splitlines()) == 1 + 3
+    records = list(csv.DictReader(io.StringIO(ddp)))
+    assert len(ddp.strip().splitlines()) == 1 + 3 and len(records) == 3
+    assert all(len(json.loads(r["step_times_ms"])) == 10 for r in records)
     counted = client.post("/query", json={"sql": "select count(*) n from cells"}, headers=AUTH).json()
     assert counted == [{"n": 5}]
     assert sweep_id in client.get("/").text
@@ -117,8 +138,8 @@ def test_cli_submit_status_logs_and_stop_a_running_sweep(head, tmp_path):
     sweep_id = out.output.split()[1]
     deadline = time.time() + 120
     while "cells 1/" not in (st := runner.invoke(cli_app, ["status", sweep_id, *base]).output):
-        assert time.time() < deadline, st  # the baseline row lands, then the long DDP cell runs
-        time.sleep(2)
+        assert time.time() < deadline, st  # the baseline row lands, then the DDP cells run
+        time.sleep(1)
     assert "RUNNING" in st
     stopped = runner.invoke(cli_app, ["stop", sweep_id, *base])
     assert stopped.exit_code == 0 and "stop requested" in stopped.output
@@ -126,7 +147,8 @@ def test_cli_submit_status_logs_and_stop_a_running_sweep(head, tmp_path):
     while "STOPPED" not in (st := runner.invoke(cli_app, ["status", sweep_id, *base]).output):
         assert time.time() < deadline, st
         time.sleep(1)
-    assert "cells 1/" in st  # the row written before the stop is kept
+    written = int(st.split("cells ")[1].split("/")[0])
+    assert 1 <= written < 5  # stopped mid-sweep; the rows written before the stop are kept
     assert f"sweep {sweep_id}" in runner.invoke(cli_app, ["logs", sweep_id, *base]).output
     listed = runner.invoke(cli_app, ["status", *base]).output
     assert sweep_id in listed
