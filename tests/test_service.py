@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -66,10 +67,8 @@ def stop_head(temp: str, gcs_port: int) -> None:
         if temp in cmdline or f":{gcs_port}" in cmdline:
             ours += [proc, *proc.children(recursive=True)]
     for proc in ours:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             proc.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
 
 
 def _wait_for_job_server(address: str) -> None:
