@@ -1,7 +1,8 @@
 """A minimal bare DDP loop of the same step as trainers.step (no harness): the reference for overhead.
 
 torchrun --standalone --nproc_per_node=2 benchmarks/bare_ddp_loop.py tiny 8 64 25 4 1 5 30
-args: model micro_batch seq_len bucket_cap_mb gas no_sync warmup steps. Rank 0 prints the median ms.
+args: model micro_batch seq_len bucket_cap_mb gas no_sync warmup steps. Rank 0 prints the median over
+steps of the slowest rank's step time (ms), the statistic trainers.bench reports.
 """
 
 import os
@@ -44,7 +45,11 @@ for _ in range(steps):
     t0 = time.perf_counter()
     one_step()
     times.append((time.perf_counter() - t0) * 1e3)
+# the same statistic as the harness: per step, the slowest rank (gathered after the loop)
+every = [torch.zeros(steps, dtype=torch.float64) for _ in range(dist.get_world_size())]
+dist.all_gather(every, torch.tensor(times, dtype=torch.float64))
+slowest = torch.stack(every).max(dim=0).values.tolist()
 if rank == 0:
-    print(f"BARE {statistics.median(times)}", flush=True)
+    print(f"BARE {statistics.median(slowest)}", flush=True)
 dist.barrier()
 dist.destroy_process_group()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -19,61 +20,32 @@ ROOT = Path(__file__).resolve().parent.parent
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 
 
+def launch(target: list[str], marker: str) -> str:
+    """Run target under torchrun (2 ranks); return rank 0's line starting with marker."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([*TORCHRUN, *target], cwd=ROOT, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(target)} failed:\n{proc.stderr[-3000:]}")
+    return next(line for line in proc.stdout.splitlines() if line.startswith(marker))
+
+
 def run_harness(cfg: dict) -> float:
-    args = [
-        "--model",
-        cfg["model"],
-        "--micro-batch",
-        str(cfg["mbs"]),
-        "--seq-len",
-        str(cfg["seq"]),
-        "--bucket-cap-mb",
-        str(cfg["bucket"]),
-        "--gas",
-        str(cfg["gas"]),
-        "--warmup",
-        str(cfg["warmup"]),
-        "--steps",
-        str(cfg["steps"]),
-    ] + (["--no-sync"] if cfg["no_sync"] else [])
-    out = subprocess.run(
-        [*TORCHRUN, "-m", "trainers.bench", *args], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout
-    return json.loads(next(line for line in out.splitlines() if line.startswith("{")))["step_ms"]
+    args = ["--model", cfg["model"], "--micro-batch", cfg["mbs"], "--seq-len", cfg["seq"], "--bucket-cap-mb",
+            cfg["bucket"], "--gas", cfg["gas"], "--warmup", cfg["warmup"], "--steps", cfg["steps"]]  # fmt: skip
+    args += ["--no-sync"] if cfg["no_sync"] else []
+    return json.loads(launch(["-m", "trainers.bench", *map(str, args)], "{"))["step_ms"]
 
 
 def run_bare(cfg: dict) -> float:
-    args = [
-        cfg["model"],
-        cfg["mbs"],
-        cfg["seq"],
-        cfg["bucket"],
-        cfg["gas"],
-        int(cfg["no_sync"]),
-        cfg["warmup"],
-        cfg["steps"],
-    ]
-    out = subprocess.run(
-        [*TORCHRUN, "benchmarks/bare_ddp_loop.py", *map(str, args)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PYTHONPATH": str(ROOT), **_env()},
-    ).stdout
-    return float(next(line for line in out.splitlines() if line.startswith("BARE")).split()[1])
-
-
-def _env() -> dict:
-    import os
-
-    return dict(os.environ)
+    keys = ["model", "mbs", "seq", "bucket", "gas", "no_sync", "warmup", "steps"]
+    args = [str(int(cfg[k]) if k == "no_sync" else cfg[k]) for k in keys]
+    return float(launch(["benchmarks/bare_ddp_loop.py", *args], "BARE").split()[1])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=60)
     a = ap.parse_args()
     cfg = {
         "model": "tiny",

@@ -10,7 +10,9 @@ ratio of step_ms measured through Ray to step_ms under torchrun (target: within 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -41,6 +43,32 @@ def torchrun_cell(cell: Cell, threads: int) -> tuple[float, float]:
     return wall, json.loads(next(x for x in out.splitlines() if x.startswith("{")))["step_ms"]
 
 
+def noop_fn_per_worker(config: dict) -> None:
+    """Ray Train's fixed cost: a worker group that does nothing."""
+
+
+def bare_fit_s(repeats: int = 3) -> float:
+    """Median wall time of TorchTrainer.fit() with 2 gloo workers doing nothing (Ray started, same env)."""
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from sweeps.trial import TRAIN_ENV
+
+    os.environ.update(TRAIN_ENV)
+    walls = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(repeats):
+            trainer = TorchTrainer(noop_fn_per_worker, scaling_config=ScalingConfig(num_workers=2),
+                                   torch_config=TorchConfig(backend="gloo"),
+                                   run_config=RunConfig(name=f"noop-{i}", storage_path=tmp))  # fmt: skip
+            t0 = time.perf_counter()
+            trainer.fit()
+            walls.append(time.perf_counter() - t0)
+    assert ray.is_initialized()
+    return statistics.median(walls)
+
+
 def work_s(cell: Cell, step_ms: float) -> float:
     return (cell.warmup_steps + cell.timed_steps) * step_ms / 1e3
 
@@ -48,13 +76,20 @@ def work_s(cell: Cell, step_ms: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--spec", default=str(ROOT / "sweeps/specs/smoke.yaml"))
-    spec = load_spec(ap.parse_args().spec)
+    ap.add_argument("--timed-steps", type=int, default=40, help="override the spec's (more steps, less noise)")
+    args = ap.parse_args()
+    spec = dataclasses.replace(load_spec(args.spec), timed_steps=args.timed_steps)
     threads = max(1, int(spec.cpus_per_worker))
+    import ray
+
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=False)
+    noop = bare_fit_s()
     with tempfile.TemporaryDirectory() as tmp:
         plan = plan_sweep(spec, results=tmp)
         t0 = time.perf_counter()
         rows = {r["cell_id"]: r for r in execute(plan).rows}
         sweep_wall = time.perf_counter() - t0
+    ray.shutdown()
     print(f"{'cell':<13}{'mode':<7}{'bkt':>6}{'gas':>4}{'ns':>3} | {'ray wall':>8}{'ovh':>7} | "
           f"{'trun wall':>9}{'ovh':>7} | {'ray ms':>8}{'trun ms':>8}{'ratio':>7}")  # fmt: skip
     ratios, ray_ovh, tr_ovh, tr_total = [], [], [], 0.0
@@ -74,7 +109,8 @@ def main() -> None:
         f"\nmedian per-cell overhead: Ray trial {statistics.median(ray_ovh):.2f} s, "
         f"torchrun launch {statistics.median(tr_ovh):.2f} s"
     )
-    print(f"whole grid: ddpsweep {sweep_wall:.1f} s (incl. Ray start), torchrun loop {tr_total:.1f} s")
+    print(f"of which Ray Train's own: a no-op TorchTrainer.fit() with 2 gloo workers takes {noop:.2f} s here")
+    print(f"whole grid: ddpsweep {sweep_wall:.1f} s (Ray already up), torchrun loop {tr_total:.1f} s")
     print(
         f"step_ms Ray / torchrun: median ratio {statistics.median(ratios):.3f}, "
         f"range {min(ratios):.3f}..{max(ratios):.3f} (target within 2%)"

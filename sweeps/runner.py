@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -184,16 +185,20 @@ def execute(plan: SweepPlan, *, address: str | None = None, verbose: bool = Fals
     outcome = SweepOutcome(plan.sweep_id, plan.cluster, plan.store.uri)
     if not address and not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
         check_local(plan)
-    with ray_session(address, verbose):
-        res = preflight.ClusterResources.from_ray()
-        opts = resolve_options(plan, res, _storage_path(plan))
-        preflight.check(plan.cells, res, opts.cpus_per_worker, opts.use_gpu)
-        plan.store.write_manifest(plan.cluster, plan.sweep_id, _manifest(plan, opts))
-        if not plan.todo:
-            return outcome
-        writer = RowWriter(plan.store, opts, progress)
-        _tuner(plan, opts, writer, verbose).fit()
-        outcome.rows = writer.rows
+    storage = _storage_path(plan)
+    try:
+        with ray_session(address, verbose):
+            res = preflight.ClusterResources.from_ray()
+            opts = resolve_options(plan, res, storage)
+            preflight.check(plan.cells, res, opts.cpus_per_worker, opts.use_gpu)
+            plan.store.write_manifest(plan.cluster, plan.sweep_id, _manifest(plan, opts))
+            if plan.todo:
+                writer = RowWriter(plan.store, opts, progress)
+                _tuner(plan, opts, writer, verbose).fit()
+                outcome.rows = writer.rows
+    finally:
+        if plan.store.is_local:
+            shutil.rmtree(storage, ignore_errors=True)  # Tune/Train bookkeeping only; the rows are in the store
     return outcome
 
 

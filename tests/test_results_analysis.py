@@ -6,15 +6,7 @@ import pytest
 
 from results import analysis
 from results.store import Store, load
-from tests.seed_rows import GRAD_BYTES, seed_rows
-
-
-@pytest.fixture
-def seed_store(tmp_path):
-    store = Store.open(str(tmp_path))
-    for r in seed_rows():
-        store.write_row(r)
-    return str(tmp_path)
+from tests.seed_rows import GRAD_BYTES
 
 
 def test_scaling_efficiency_and_exposed_communication(seed_store):

@@ -21,28 +21,20 @@ from service.cli import app
 from tests.seed_rows import row, seed_rows
 
 
-@pytest.fixture
-def store_root(tmp_path):
-    store = Store.open(str(tmp_path))
-    for r in seed_rows():
-        store.write_row(r)
-    return str(tmp_path)
-
-
-def test_rows_are_hive_partitioned_files_with_the_declared_schema(store_root):
-    store = Store.open(store_root)
+def test_rows_are_hive_partitioned_files_with_the_declared_schema(seed_store):
+    store = Store.open(seed_store)
     files = store.files()
     assert len(files) == 8
     assert all("/cluster=pcie-8x/sweep=seed/" in f and f.endswith("-r0.parquet") for f in files)
     assert pq.read_schema(files[0]).equals(SCHEMA, check_metadata=False)
-    leftovers = [n for _, _, names in os.walk(store_root) for n in names if n.startswith(".")]
+    leftovers = [n for _, _, names in os.walk(seed_store) for n in names if n.startswith(".")]
     assert leftovers == []  # no temporary files left behind
 
 
-def test_rewriting_a_pair_replaces_its_row(store_root):
-    store = Store.open(store_root)
+def test_rewriting_a_pair_replaces_its_row(seed_store):
+    store = Store.open(seed_store)
     store.write_row(row("single", 1, 99.0))
-    rows = load(store_root)
+    rows = load(seed_store)
     assert len(rows) == 8 and rows[rows["mode"] == "single"]["step_ms"].tolist() == [99.0]
 
 
@@ -58,32 +50,32 @@ def test_older_schema_files_read_with_missing_columns_null(tmp_path):
     assert rows["tokens_per_s"].isna().all() and rows["nccl_version"].isna().all()
 
 
-def test_a_corrupt_file_is_skipped_with_a_warning_naming_it(store_root, caplog):
-    bad = Store.open(store_root).files()[0]
+def test_a_corrupt_file_is_skipped_with_a_warning_naming_it(seed_store, caplog):
+    bad = Store.open(seed_store).files()[0]
     with open(bad, "r+b") as f:
         f.truncate(100)
     with caplog.at_level(logging.WARNING):
-        rows = load(store_root)
+        rows = load(seed_store)
     assert len(rows) == 7
     assert bad in caplog.text
-    assert len(query(store_root, "select * from cells")) == 7
+    assert len(query(seed_store, "select * from cells")) == 7
 
 
-def test_unknown_labels_list_what_exists(store_root, tmp_path):
+def test_unknown_labels_list_what_exists(seed_store, tmp_path):
     with pytest.raises(UnknownSelection, match="clusters: pcie-8x"):
-        load(store_root, cluster="nvlink")
+        load(seed_store, cluster="nvlink")
     with pytest.raises(UnknownSelection, match="sweeps: seed"):
-        load(store_root, sweep="nope")
+        load(seed_store, sweep="nope")
     with pytest.raises(StoreNotFound):
         load(str(tmp_path / "missing"))
     with pytest.raises(ValueError, match="not a valid label"):
-        Store.open(store_root).write_row(row("single", 1, 1.0, cluster="../escape"))
+        Store.open(seed_store).write_row(row("single", 1, 1.0, cluster="../escape"))
 
 
-def test_sql_views_answer_the_seed_question(store_root):
-    df = query(store_root, "select best_bucket_cap_mb, round(best_efficiency, 2) e from u_curve where gas = 1")
+def test_sql_views_answer_the_seed_question(seed_store):
+    df = query(seed_store, "select best_bucket_cap_mb, round(best_efficiency, 2) e from u_curve where gas = 1")
     assert df.to_dict("records") == [{"best_bucket_cap_mb": 25.0, "e": 0.83}]
-    n = query(store_root, "select count(*) n from cells_vs_baseline")["n"][0]
+    n = query(seed_store, "select count(*) n from cells_vs_baseline")["n"][0]
     assert n == 7
 
 
@@ -101,15 +93,15 @@ def test_sql_views_answer_the_seed_question(store_root):
         ("create table t as select 1", "CREATE statements are not allowed"),
     ],
 )
-def test_sql_sandbox_refuses(store_root, sql, reason):
+def test_sql_sandbox_refuses(seed_store, sql, reason):
     with pytest.raises(QueryError, match=re.escape(reason)):
-        query(store_root, sql)
+        query(seed_store, sql)
 
 
-def test_sandbox_holds_even_without_the_statement_filter(store_root):
+def test_sandbox_holds_even_without_the_statement_filter(seed_store):
     from results.query import sandboxed, views
 
-    con = sandboxed(views(store_root))
+    con = sandboxed(views(seed_store))
     for sql in ("select * from read_csv('/etc/passwd')", "SET enable_external_access = true", "LOAD httpfs"):
         with pytest.raises(Exception, match="disabled|locked|Permission"):
             con.execute(sql)
@@ -133,8 +125,8 @@ def test_compare_flags_incomparable_and_insignificant(tmp_path):
     assert bool(out.loc[("ddp", 1, False, 25.0), "comparable"])
 
 
-def test_report_is_self_contained_html_and_pngs(store_root, tmp_path):
-    rows = load(store_root)
+def test_report_is_self_contained_html_and_pngs(seed_store, tmp_path):
+    rows = load(seed_store)
     page = render_html(rows, "seed", 10.1e9)
     assert page.count("data:image/png;base64,") == 4
     assert not re.search(r"(src|href)=['\"]?(https?:)?//", page)  # no remote assets
@@ -144,17 +136,17 @@ def test_report_is_self_contained_html_and_pngs(store_root, tmp_path):
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
 
 
-def test_cli_query_compare_report_errors_exit_2(store_root, tmp_path):
+def test_cli_query_compare_report_errors_exit_2(seed_store, tmp_path):
     runner = CliRunner()
-    ok = runner.invoke(app, ["query", "select count(*) n from cells", "--results", store_root, "--format", "json"])
+    ok = runner.invoke(app, ["query", "select count(*) n from cells", "--results", seed_store, "--format", "json"])
     assert ok.exit_code == 0 and ok.output.strip() == '[{"n":8}]'
-    bad = runner.invoke(app, ["query", "select nope from cells", "--results", store_root])
+    bad = runner.invoke(app, ["query", "select nope from cells", "--results", seed_store])
     assert bad.exit_code == 2 and 'column "nope" not found' in bad.output
-    passwd = runner.invoke(app, ["query", "select * from read_csv('/etc/passwd')", "--results", store_root])
+    passwd = runner.invoke(app, ["query", "select * from read_csv('/etc/passwd')", "--results", seed_store])
     assert passwd.exit_code == 2 and "root:" not in passwd.output
     missing = runner.invoke(app, ["report", "--results", str(tmp_path / "none"), "--out", str(tmp_path / "r.html")])
     assert missing.exit_code == 2 and "no results under" in missing.output
-    unknown = runner.invoke(app, ["compare", "--cluster", "pcie-8x", "--cluster", "x", "--results", store_root])
+    unknown = runner.invoke(app, ["compare", "--cluster", "pcie-8x", "--cluster", "x", "--results", seed_store])
     assert unknown.exit_code == 2 and "clusters: pcie-8x" in unknown.output
-    html = runner.invoke(app, ["report", "--results", store_root, "--out", str(tmp_path / "r.html")])
+    html = runner.invoke(app, ["report", "--results", seed_store, "--out", str(tmp_path / "r.html")])
     assert html.exit_code == 0 and (tmp_path / "r.html").read_text().startswith("<!doctype html>")

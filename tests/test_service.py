@@ -214,3 +214,18 @@ def test_serve_refuses_a_public_host_without_a_token(monkeypatch):
     monkeypatch.delenv("DDPSWEEP_TOKEN", raising=False)
     out = CliRunner().invoke(cli_app, ["serve", "--host", "0.0.0.0"])
     assert out.exit_code == 2 and "not loopback" in out.output
+
+
+def test_the_address_comes_from_ray_s_own_variables(monkeypatch):
+    from service.jobs import resolve_address
+    from sweeps.spec import SpecError
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_API_SERVER_ADDRESS", raising=False)
+    with pytest.raises(SpecError, match="--address"):
+        resolve_address(None)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:8265")
+    assert resolve_address(None) == "http://10.0.0.1:8265"
+    monkeypatch.setenv("RAY_API_SERVER_ADDRESS", "http://api:8265")
+    assert resolve_address(None) == "http://api:8265"
+    assert resolve_address("https://given:443") == "https://given:443"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -29,6 +30,7 @@ backend: gloo
 use_gpu: false
 collective_timeout_s: 60
 cell_timeout_s: {timeout}
+env: {{NCCL_DEBUG: WARN}}
 """
 
 
@@ -53,6 +55,7 @@ def test_failing_cell_is_an_error_row_and_resume_measures_only_it(fault_file, tm
     assert len(first.rows) == 3
     assert by_cell[bad.cell_id]["status"] == "error" and "fault injected" in by_cell[bad.cell_id]["error"]
     assert by_cell[good.cell_id]["status"] == "ok" and by_cell[good.cell_id]["replicas_in_sync"]
+    assert json.loads(by_cell[good.cell_id]["env"])["NCCL_DEBUG"] == "WARN"  # the spec's env reached the workers
     assert by_cell[baseline.cell_id]["status"] == "ok"
 
     store = Store.open(str(tmp_path))
