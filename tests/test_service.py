@@ -2,26 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from service.api import ServiceSettings, create_app
 from service.cli import app as cli_app
+from tests.ray_head import ray_head
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,55 +28,12 @@ LONG = (
 )  # a baseline, then four DDP cells of ~15 s each: time to stop it mid-sweep
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def head():
-    """A real Ray head with its job server on loopback, in its own temp dir; only its processes are stopped."""
-    temp = tempfile.mkdtemp(prefix="ddps-", dir="/tmp")  # short: Ray's socket paths must stay < 108 bytes
-    dash = free_port()
-    ports = {"--port": free_port(), "--dashboard-port": dash, "--ray-client-server-port": free_port(),
-             "--dashboard-agent-listen-port": free_port(), "--metrics-export-port": free_port()}  # fmt: skip
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--num-cpus=2", "--include-dashboard=true",
-           "--dashboard-host=127.0.0.1", "--node-ip-address=127.0.0.1", f"--temp-dir={temp}",
-           *[f"{k}={v}" for k, v in ports.items()]]  # fmt: skip
-    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=120)
-    address = f"http://127.0.0.1:{dash}"
+    """A real Ray head with its job server on loopback (auth off here; see test_service_auth.py)."""
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    _wait_for_job_server(address)
-    yield address
-    stop_head(temp, ports["--port"])
-
-
-def stop_head(temp: str, gcs_port: int) -> None:
-    """Kill this head's processes (found by its temp dir or GCS port) and their children; nothing else."""
-    ours = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if temp in cmdline or f":{gcs_port}" in cmdline:
-            ours += [proc, *proc.children(recursive=True)]
-    for proc in ours:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.send_signal(signal.SIGKILL)
-
-
-def _wait_for_job_server(address: str) -> None:
-    from ray.job_submission import JobSubmissionClient
-
-    deadline = time.time() + 60
-    while True:
-        try:
-            JobSubmissionClient(address).list_jobs()
-            return
-        except Exception:  # noqa: BLE001
-            if time.time() > deadline:
-                raise
-            time.sleep(1)
+    with ray_head("disabled") as address:
+        yield address
 
 
 @pytest.fixture
