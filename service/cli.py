@@ -28,7 +28,9 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 @app.command()
 def run(
     spec: Annotated[str, typer.Argument(help="YAML sweep spec, e.g. sweeps/specs/smoke.yaml")],
-    address: Annotated[str | None, typer.Option(help="Ray cluster to attach to (default: embedded local Ray)")] = None,
+    address: Annotated[
+        str | None, typer.Option(help="Ray cluster (HEAD:6379 or auto); default: embedded local Ray")
+    ] = None,
     results: Annotated[str | None, typer.Option(help="results root (folder or URI); default: the spec's")] = None,
     cluster: Annotated[str | None, typer.Option(help="cluster label for the rows; default: the spec's")] = None,
     resume: Annotated[str | None, typer.Option(help="sweep id to resume: measure only pairs without an ok row")] = None,

@@ -154,7 +154,11 @@ def status(address: str | None, sweep_id: str | None = None) -> list[SweepStatus
     c = client(address)
     if sweep_id is not None:
         return [_status(_info(c, _require_id(sweep_id)))]
-    jobs = [j for j in c.list_jobs() if (j.metadata or {}).get("ddpsweep") == "1" and j.submission_id]
+    try:
+        listed = c.list_jobs()
+    except Exception as e:  # noqa: BLE001
+        raise JobsError(f"Ray Jobs could not list jobs: {e}") from None
+    jobs = [j for j in listed if (j.metadata or {}).get("ddpsweep") == "1" and j.submission_id]
     return [_status(j) for j in sorted(jobs, key=lambda j: j.start_time or 0, reverse=True)]
 
 

@@ -133,9 +133,6 @@ def ray_session(address: str | None, verbose: bool) -> Iterator[None]:
         yield
         return
     quiet = {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.ERROR}
-    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
-    if not verbose:
-        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's new console output ignores verbose=0
     if address or os.environ.get("RAY_ADDRESS"):
         ray.init(address=address, **quiet)
     else:
@@ -209,6 +206,8 @@ def _manifest(plan: SweepPlan, opts: TrialOptions) -> dict:
 
 
 def _tuner(plan: SweepPlan, opts: TrialOptions, writer: RowWriter, verbose: bool) -> tune.Tuner:
+    if not verbose:
+        os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # Tune's new console output prints even at verbose=0
     pairs = [{"cell": c.to_dict(), "repeat": r} for c, r in plan.todo]
     return tune.Tuner(
         tune.with_resources(trial_fn, tune.PlacementGroupFactory([preflight.TRIAL_BUNDLE])),

@@ -96,3 +96,20 @@ def test_preflight_names_what_is_missing():
     assert "needs 2 nodes" in cell_problem(
         next(c for c in cells if c.num_nodes == 2), ClusterResources(nodes=[(64.0, 0.0)]), 1.0, False
     )
+
+
+def test_resume_refuses_an_unknown_sweep_and_a_changed_grid(tmp_path):
+    from results.store import Store
+    from sweeps.runner import plan_sweep
+
+    spec = parse_spec("name: r\nbucket_cap_mb: [1, 25]")
+    with pytest.raises(SpecError) as err:
+        plan_sweep(spec, results=str(tmp_path), resume="nope")
+    assert err.value.field == "--resume" and "a sweep id under cluster=local" in str(err.value)
+    Store.open(str(tmp_path)).write_manifest("local", "r-1", {"cells": [c.cell_id for c in expand(spec)]})
+    assert [c.mode for c, _ in plan_sweep(spec, results=str(tmp_path), resume="r-1").todo] == ["single", "ddp", "ddp"]
+    with pytest.raises(SpecError, match="grid differs"):
+        plan_sweep(parse_spec("name: r\nbucket_cap_mb: [1, 5]"), results=str(tmp_path), resume="r-1")
+    with pytest.raises(SpecError) as bad_label:
+        plan_sweep(spec, results=str(tmp_path), cluster="../up")
+    assert bad_label.value.field == "--cluster"
