@@ -5,6 +5,7 @@ Each trial's row is written to the store by `RowWriter` on the driver the moment
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -80,8 +81,6 @@ def plan_sweep(spec: SweepSpec, *, results: str | None = None, cluster: str | No
 
 
 def _decode_row(text: str) -> dict:
-    import json
-
     row = json.loads(text)
     for key in ("started_at", "finished_at"):
         if row.get(key):

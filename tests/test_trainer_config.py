@@ -67,6 +67,7 @@ def bench(*args: str) -> subprocess.CompletedProcess:
         (["--micro-batch", "0"], "micro_batch"),
         (["--seq-len", "4096"], "seq_len"),
         (["--mode", "zero3"], "mode"),
+        (["--threads", "0"], "threads"),
     ],
 )
 def test_bench_cli_exits_2_naming_the_field(args, field):

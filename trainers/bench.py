@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(args)
         if args.threads is not None and args.threads < 1:
             raise ConfigError("threads", args.threads, "an integer >= 1")
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("device", "cuda", "auto or cpu: this machine has no CUDA device")
         if cfg.mode == "single" and int(os.environ.get("WORLD_SIZE", 1)) > 1:
             raise ConfigError("mode", "single", "single runs one process: use --nproc_per_node=1 or plain python")
     except ConfigError as e:
