@@ -44,10 +44,16 @@ def _version(dist_name: str) -> str:
         return ""
 
 
+def _nccl_version() -> str:
+    """torch reports a (major, minor, patch) tuple, older releases one int such as 21803."""
+    version = torch.cuda.nccl.version()
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
 def collect(device: torch.device) -> dict:
     """Fingerprint columns of the row schema (except `hosts`, gathered from every rank)."""
     cuda = device.type == "cuda"
-    nccl = ".".join(map(str, torch.cuda.nccl.version())) if cuda else ""
+    nccl = _nccl_version() if cuda else ""
     return {
         "accelerator": torch.cuda.get_device_name(device) if cuda else cpu_model(),
         "accelerators": torch.cuda.device_count() if cuda else (os.cpu_count() or 0),
