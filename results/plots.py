@@ -12,10 +12,22 @@ from matplotlib.figure import Figure  # noqa: E402
 from results import analysis  # noqa: E402
 
 
+def _ddp_cells(rows: pd.DataFrame) -> pd.DataFrame:
+    t = analysis.with_baseline(rows)
+    return t[t["mode"] == "ddp"]
+
+
+def _finish(fig: Figure, ax, **legend) -> Figure:
+    ax.legend(fontsize=8, **legend)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
 def u_curve_figure(rows: pd.DataFrame) -> Figure:
     """step_ms against bucket_cap_mb (log x): a panel per (cluster, gas), a line per (world size, no_sync)."""
-    t = analysis.with_baseline(rows)
-    t = t[(t["mode"] == "ddp") & t["bucket_cap_mb"].notna()]
+    t = _ddp_cells(rows)
+    t = t[t["bucket_cap_mb"].notna()]
     clusters, gases = sorted(t["cluster"].unique()) or ["-"], sorted(t["gas"].unique()) or [1]
     fig, axes = plt.subplots(len(clusters), len(gases), figsize=(5.5 * len(gases), 3.8 * len(clusters)), squeeze=False)
     for (i, cluster), (j, gas) in ((ci, gj) for ci in enumerate(clusters) for gj in enumerate(gases)):
@@ -38,8 +50,7 @@ def u_curve_figure(rows: pd.DataFrame) -> Figure:
 
 def efficiency_figure(rows: pd.DataFrame) -> Figure:
     """Best scaling efficiency (over buckets) against world size, a line per (cluster, gas, no_sync)."""
-    t = analysis.with_baseline(rows)
-    t = t[t["mode"] == "ddp"]
+    t = _ddp_cells(rows)
     fig, ax = plt.subplots(figsize=(6, 4))
     sizes = sorted({1, *t["world_size"].dropna().astype(int)})
     for (cluster, gas, ns), grp in t.groupby(["cluster", "gas", "no_sync"]):
@@ -51,16 +62,12 @@ def efficiency_figure(rows: pd.DataFrame) -> Figure:
     ax.set_xticks(sizes, [str(s) for s in sizes])
     ax.set(xlabel="world size (ranks, log2)", ylabel="scaling efficiency (%)", title="Scaling efficiency (best bucket)")
     ax.set_ylim(0, 110)
-    ax.legend(fontsize=8, loc="lower left")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, loc="lower left")
 
 
 def no_sync_figure(rows: pd.DataFrame) -> Figure:
     """Throughput against gas with and without no_sync (best bucket), per cluster and world size."""
-    t = analysis.with_baseline(rows)
-    t = t[t["mode"] == "ddp"]
+    t = _ddp_cells(rows)
     fig, ax = plt.subplots(figsize=(6, 4))
     for (cluster, world, ns), grp in t.groupby(["cluster", "world_size", "no_sync"]):
         best = grp.groupby("gas")["tokens_per_s"].max() / 1e3
@@ -69,10 +76,7 @@ def no_sync_figure(rows: pd.DataFrame) -> Figure:
     ax.set(
         xlabel="gradient accumulation steps (gas)", ylabel="throughput (ktokens/s)", title="no_sync under accumulation"
     )
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax)
 
 
 def measured_vs_predicted_figure(rows: pd.DataFrame, algbw_bytes_per_s: float) -> Figure:

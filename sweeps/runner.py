@@ -163,9 +163,8 @@ def check_local(plan: SweepPlan) -> None:
     import torch
 
     res = preflight.ClusterResources.local(gpus=torch.cuda.device_count())
-    resolve_options(plan, res, "")
-    use_gpu = res.total_gpus > 0 if plan.spec.use_gpu == "auto" else bool(plan.spec.use_gpu)
-    preflight.check(plan.cells, res, plan.spec.cpus_per_worker, use_gpu)
+    opts = resolve_options(plan, res, "")
+    preflight.check(plan.cells, res, opts.cpus_per_worker, opts.use_gpu)
 
 
 def _storage_path(plan: SweepPlan) -> str:
