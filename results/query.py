@@ -1,5 +1,14 @@
 """SQL over the store with DuckDB, sandboxed: read-only SELECTs over in-memory views, no file access.
 
+The sandbox has several independent walls, so that one hole is not an escape:
+  1. only plain SELECT statements are accepted (no EXPLAIN: `EXPLAIN ANALYZE` executes its inner
+     statement, COPY and CREATE included);
+  2. the connection is in-memory with external access, extensions and persistent secrets off,
+     no spill directory (DuckDB's default `<cwd>/.tmp/` is an allowed directory), and its
+     configuration locked;
+  3. a wall-clock limit (the connection is interrupted) and a result-size limit;
+  4. error messages are scrubbed of the server's paths (working directory, home, store root).
+
 Views: `cells` (every row), `cells_vs_baseline` (distributed cells beside their single baseline,
 with efficiency and exposed communication), `u_curve` (best bucket per curve), `no_sync_gain`.
 """
@@ -7,6 +16,8 @@ with efficiency and exposed communication), `u_curve` (best bucket per curve), `
 from __future__ import annotations
 
 import json
+import os
+import threading
 
 import duckdb
 import pandas as pd
@@ -15,8 +26,10 @@ from results import analysis
 from results.errors import QueryError, StoreNotFound
 from results.store import Store
 
-ALLOWED_STATEMENTS = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 FORMATS = ("table", "csv", "json")
+QUERY_TIMEOUT_S = 30.0  # wall clock per query
+MAX_RESULT_ROWS = 100_000
+NOWHERE = "/nonexistent/ddpsweep"  # where DuckDB would look for secrets and extensions: never the server's home
 
 
 def views(root: str) -> dict[str, pd.DataFrame | object]:
@@ -34,41 +47,86 @@ def views(root: str) -> dict[str, pd.DataFrame | object]:
     }
 
 
+# Connection settings fixed before anything runs; the paths must be set before external access is off.
+_CONFIG = {
+    "threads": 2, "memory_limit": "2GB", "temp_directory": "", "secret_directory": NOWHERE,
+    "extension_directory": NOWHERE, "allow_persistent_secrets": False,
+}  # fmt: skip
+_LOCKDOWN = [
+    "SET enable_external_access = false",
+    "SET autoinstall_known_extensions = false",
+    "SET autoload_known_extensions = false",
+    "SET allow_community_extensions = false",
+    "SET lock_configuration = true",
+]
+
+
 def sandboxed(frames: dict[str, object]) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB holding `frames` as views, then locked: no file, network or extension access."""
-    con = duckdb.connect(":memory:", config={"threads": 2, "memory_limit": "2GB"})
+    con = duckdb.connect(":memory:", config=dict(_CONFIG))
     for name, frame in frames.items():
         con.register(f"_{name}", frame)
         con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM "_{name}"')
-    con.execute("SET enable_external_access = false")
-    con.execute("SET autoinstall_known_extensions = false")
-    con.execute("SET autoload_known_extensions = false")
-    con.execute("SET lock_configuration = true")
+    for statement in _LOCKDOWN:
+        con.execute(statement)
     return con
 
 
 def check_read_only(sql: str) -> None:
-    """Only SELECT (and EXPLAIN) statements: no COPY, ATTACH, INSTALL, LOAD, SET, CREATE…"""
+    """Only plain SELECT statements: no EXPLAIN, COPY, ATTACH, INSTALL, LOAD, SET, CREATE, PRAGMA…"""
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as e:
-        raise QueryError(str(e)) from None
+        raise QueryError(scrub(str(e))) from None
     if not statements:
         raise QueryError("empty query: give one SELECT statement")
     for st in statements:
-        if st.type not in ALLOWED_STATEMENTS:
-            kind = st.type.name
-            raise QueryError(f"refused: {kind} statements are not allowed; queries are read-only SELECTs")
+        if st.type != duckdb.StatementType.SELECT:
+            raise QueryError(f"refused: {st.type.name} statements are not allowed; queries are read-only SELECTs")
 
 
-def query(root: str, sql: str) -> pd.DataFrame:
-    """Run one read-only SQL query over the store's views. Raises QueryError with DuckDB's message."""
+def scrub(message: str, *extra: str) -> str:
+    """An error message without the server's paths (working directory, home, and any `extra`)."""
+    paths = [p for p in (*extra, os.getcwd(), os.path.expanduser("~")) if p and p != "/"]
+    for path in sorted(paths, key=len, reverse=True):
+        message = message.replace(path, "<path>")
+    return message
+
+
+def run_limited(con: duckdb.DuckDBPyConnection, sql: str, timeout_s: float, max_rows: int) -> pd.DataFrame:
+    """Run `sql` on `con`; interrupt it after timeout_s, refuse results over max_rows rows."""
+    timer = threading.Timer(timeout_s, con.interrupt)
+    timer.start()
+    try:
+        reader = con.sql(sql).to_arrow_reader(10_000)
+        batches, rows = [], 0
+        for batch in reader:
+            rows += batch.num_rows
+            if rows > max_rows:
+                raise QueryError(f"result too large: over {max_rows} rows; add a LIMIT or aggregate")
+            batches.append(batch)
+        return reader.schema.empty_table().to_pandas() if not batches else _to_df(batches)
+    except duckdb.InterruptException:
+        raise QueryError(f"query exceeded the time limit of {timeout_s:g} s") from None
+    finally:
+        timer.cancel()
+
+
+def _to_df(batches: list) -> pd.DataFrame:
+    import pyarrow as pa
+
+    return pa.Table.from_batches(batches).to_pandas()
+
+
+def query(root: str, sql: str, *, timeout_s: float | None = None, max_rows: int | None = None) -> pd.DataFrame:
+    """Run one read-only SQL query over the store's views (limits default to QUERY_TIMEOUT_S and
+    MAX_RESULT_ROWS). Raises QueryError with DuckDB's message, scrubbed of server paths."""
     check_read_only(sql)
     con = sandboxed(views(root))
     try:
-        return con.execute(sql).df()
+        return run_limited(con, sql, timeout_s or QUERY_TIMEOUT_S, max_rows or MAX_RESULT_ROWS)
     except duckdb.Error as e:
-        raise QueryError(str(e)) from None
+        raise QueryError(scrub(str(e), root)) from None
     finally:
         con.close()
 

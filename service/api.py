@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 
 import pandas as pd
 from fastapi import Depends, FastAPI, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, Field
@@ -216,7 +217,9 @@ def add_result_routes(app: FastAPI, settings: ServiceSettings, auth) -> None:
         except (ValueError, json.JSONDecodeError) as e:
             message = f"body must be {{'sql': …, 'format': 'json'|'csv'}}: {e}"
             raise ApiError(422, "ValidationError", message, "sql") from None
-        return _frame_response(query_mod.query(settings.results, body.sql), body.format)
+        # DuckDB runs in the thread pool, never on the event loop: one slow query holds no other request.
+        frame = await run_in_threadpool(query_mod.query, settings.results, body.sql)
+        return _frame_response(frame, body.format)
 
     @app.get("/compare", summary="Two clusters side by side")
     def compare(cluster: Annotated[list[str], Query()], sweep: Annotated[list[str] | None, Query()] = None) -> Response:
