@@ -18,43 +18,59 @@ IDENTITY = [
     pa.field("finished_at", _TS),
 ]
 
+# The step's configuration: exactly trainers.config.StepConfig's fields (a test holds them together).
 CONFIGURATION = [
+    pa.field("model", pa.string()),
     pa.field("mode", pa.string()),  # single | ddp | naive
+    pa.field("micro_batch", pa.int32()),
+    pa.field("seq_len", pa.int32()),
+    pa.field("gas", pa.int32()),
+    pa.field("no_sync", pa.bool_()),
+    pa.field("bucket_cap_mb", pa.float64()),  # null outside ddp
+    pa.field("gradient_as_bucket_view", pa.bool_()),  # null outside ddp
+    pa.field("warmup_steps", pa.int32()),
+    pa.field("timed_steps", pa.int32()),
+    pa.field("seed", pa.int64()),
+]
+
+# Where and how the cell ran: its placement, and how the sweep scheduled it.
+PLACEMENT = [
     pa.field("world_size", pa.int32()),
     pa.field("num_nodes", pa.int32()),
     pa.field("workers_per_node", pa.int32()),
-    pa.field("backend", pa.string()),
-    pa.field("device_type", pa.string()),
-    pa.field("model", pa.string()),
-    pa.field("n_params", pa.int64()),
-    pa.field("grad_bytes", pa.int64()),  # bytes
-    pa.field("micro_batch", pa.int32()),
-    pa.field("seq_len", pa.int32()),
-    pa.field("tokens_per_step", pa.int64()),
-    pa.field("bucket_cap_mb", pa.float64()),
-    pa.field("gas", pa.int32()),
-    pa.field("no_sync", pa.bool_()),
-    pa.field("gradient_as_bucket_view", pa.bool_()),
-    pa.field("warmup_steps", pa.int32()),
-    pa.field("timed_steps", pa.int32()),
-    pa.field("num_threads", pa.int32()),
+    pa.field("tokens_per_step", pa.int64()),  # global: all ranks, all micro-steps
     pa.field("cpus_per_worker", pa.float64()),
-    pa.field("placement", pa.string()),
+    pa.field("placement", pa.string()),  # the Ray placement strategy used
+    pa.field("isolation", pa.string()),  # group | cell
+    pa.field("group_id", pa.string()),
+    pa.field("round", pa.int32()),  # = repeat; every pending cell of the group once per round
+    pa.field("order_in_round", pa.int32()),
+    pa.field("order_seed", pa.int64()),  # round r is shuffled with Random(order_seed + r)
+    pa.field("group_started_at", _TS),  # when the group's TorchTrainer was launched
+    pa.field("group_setup_s", pa.float64()),  # launch -> workers ready for the first cell (worker-group start)
 ]
 
+# What the worker measured: exactly trainers.config.Measurement's fields, plus the trial's wall time.
 MEASUREMENT = [
+    pa.field("backend", pa.string()),  # as run: nccl | gloo | none (single)
+    pa.field("device_type", pa.string()),
+    pa.field("n_params", pa.int64()),
+    pa.field("grad_bytes", pa.int64()),  # bytes
+    pa.field("num_threads", pa.int32()),
+    pa.field("setup_ms", pa.float64()),  # model copy + optimizer + DDP wrapper for this cell
+    pa.field("warmup_ms", pa.float64()),  # all warm-up steps of this cell
     pa.field("step_ms", pa.float64()),  # median of per-step slowest-rank times
     pa.field("step_ms_mean", pa.float64()),
     pa.field("step_ms_p10", pa.float64()),
     pa.field("step_ms_p90", pa.float64()),
     pa.field("step_ms_cv", pa.float64()),
     pa.field("tokens_per_s", pa.float64()),
-    pa.field("peak_mem_bytes", pa.int64()),
+    pa.field("peak_mem_bytes", pa.int64()),  # during this cell only; null where unmeasurable
     pa.field("num_buckets", pa.int32()),
     pa.field("bucket_sizes_bytes", pa.list_(pa.int64())),
     pa.field("step_times_ms", pa.list_(pa.float64())),
     pa.field("replicas_in_sync", pa.bool_()),
-    pa.field("trial_wall_s", pa.float64()),
+    pa.field("trial_wall_s", pa.float64()),  # this measurement on its worker group: setup to row, no group start
 ]
 
 FINGERPRINT = [
@@ -72,7 +88,7 @@ FINGERPRINT = [
     pa.field("env", pa.string()),  # JSON object of NCCL_*/GLOO_* variables in force
 ]
 
-SCHEMA = pa.schema(IDENTITY + CONFIGURATION + MEASUREMENT + FINGERPRINT)
+SCHEMA = pa.schema(IDENTITY + CONFIGURATION + PLACEMENT + MEASUREMENT + FINGERPRINT)
 COLUMNS = SCHEMA.names
 STATUSES = ("ok", "error")
 

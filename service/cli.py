@@ -38,7 +38,7 @@ def run(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the grid and start nothing")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", help="show Ray's own logs")] = False,
 ) -> None:
-    """Run a sweep: one Ray Tune trial (one TorchTrainer) per cell, one Parquet row per cell."""
+    """Run a sweep: one Ray Tune trial (one warm TorchTrainer) per worker group, one Parquet row per measurement."""
     from sweeps import runner
     from sweeps.grid import cells_table
     from sweeps.spec import load_spec
@@ -47,9 +47,10 @@ def run(
     try:
         plan = runner.plan_sweep(load_spec(spec), results=results, cluster=cluster, resume=resume, sweep_id=sweep_id)
         if dry_run:
-            typer.echo(cells_table(plan.cells, plan.spec.repeats))
+            typer.echo(cells_table(plan.cells, plan.spec.repeats, plan.spec.isolation))
             return
-        typer.echo(f"sweep {plan.sweep_id}: {len(plan.todo)} of {plan.planned} trials to run -> {plan.store.uri}")
+        typer.echo(f"sweep {plan.sweep_id}: {len(plan.todo)} of {plan.planned} measurements to run "
+                   f"in {len(plan.groups())} worker group(s) -> {plan.store.uri}")  # fmt: skip
         done = [0]
 
         def progress(row: dict) -> None:

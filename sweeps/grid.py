@@ -1,111 +1,174 @@
-"""Grid expansion: a spec becomes a deterministic list of cells, each with a stable id."""
+"""Grid expansion and grouping.
+
+A spec becomes a deterministic list of cells (a `StepConfig` plus what places it, with a stable id);
+the (cell, repeat) pairs still to measure become groups: the pairs that can share one Ray Train
+worker group, laid out in interleaved, shuffled rounds.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+import random
+from dataclasses import asdict, dataclass, replace
 from itertools import product
 
 from sweeps.spec import SweepSpec
 from trainers.config import StepConfig
 
 
+def _digest(data: object, n: int = 12) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:n]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Cell:
-    """One point of the grid. Settings that do not apply to a mode are normalized away (None)."""
+    """One point of the grid: the step's configuration plus what places it."""
 
-    mode: str  # single | ddp | naive
-    model: str
-    micro_batch: int
-    seq_len: int
-    warmup_steps: int
-    timed_steps: int
+    step: StepConfig
+    """What every rank runs (settings that do not apply to its mode are None/False)."""
     world_size: int
+    """DDP ranks (1 for the single baseline)."""
     num_nodes: int
-    gas: int
-    no_sync: bool  # False wherever gas == 1 or mode == single
-    bucket_cap_mb: float | None  # ddp only
-    gradient_as_bucket_view: bool | None  # ddp only
-    backend: str  # as the spec asks: auto | nccl | gloo
+    """Nodes the ranks are spread over, evenly."""
+    backend: str
+    """As the spec asks: auto | nccl | gloo."""
 
     @property
     def cell_id(self) -> str:
-        """Stable hash of the configuration: the same cell always gets the same id."""
-        blob = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        """Stable hash of the configuration: the same cell always gets the same id.
+
+        The hash is over the flat configuration (step fields and placement side by side) as ddpsweep
+        first stored it, so ids of stored sweeps stay valid; `seed` joins it only when not the default.
+        """
+        flat = asdict(self.step) | {"world_size": self.world_size, "num_nodes": self.num_nodes,
+                                    "backend": self.backend}  # fmt: skip
+        if flat["seed"] == StepConfig.seed:
+            del flat["seed"]
+        return _digest(flat)
 
     @property
     def workers_per_node(self) -> int:
         return self.world_size // self.num_nodes
 
-    def step_config(self) -> StepConfig:
-        return StepConfig(
-            model=self.model,
-            mode=self.mode,
-            micro_batch=self.micro_batch,
-            seq_len=self.seq_len,
-            gas=self.gas,
-            no_sync=self.no_sync,
-            bucket_cap_mb=self.bucket_cap_mb or 25.0,  # unused outside ddp
-            gradient_as_bucket_view=self.gradient_as_bucket_view is not False,
-            warmup_steps=self.warmup_steps,
-            timed_steps=self.timed_steps,
-        )
+    @property
+    def group_key(self) -> tuple:
+        """What shapes a worker group: cells with the same key can share one."""
+        s = self.step
+        return (self.world_size, self.num_nodes, self.backend, s.model, s.micro_batch, s.seq_len)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"step": asdict(self.step), "world_size": self.world_size, "num_nodes": self.num_nodes,
+                "backend": self.backend}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict) -> Cell:
-        return cls(**data)
+        return cls(step=StepConfig(**data["step"]), world_size=data["world_size"], num_nodes=data["num_nodes"],
+                   backend=data["backend"])  # fmt: skip
 
 
-def _cell(spec: SweepSpec, **axes) -> Cell:
-    mode, gas = axes["mode"], axes["gas"]
-    return Cell(
-        mode=mode,
-        model=spec.model,
-        micro_batch=spec.micro_batch,
-        seq_len=spec.seq_len,
-        warmup_steps=spec.warmup_steps,
-        timed_steps=spec.timed_steps,
-        world_size=axes.get("world_size", 1),
-        num_nodes=axes.get("num_nodes", 1),
-        gas=gas,
-        no_sync=bool(axes.get("no_sync")) and gas > 1 and mode != "single",
-        bucket_cap_mb=float(axes["bucket_cap_mb"]) if mode == "ddp" else None,
-        gradient_as_bucket_view=axes.get("gradient_as_bucket_view") if mode == "ddp" else None,
-        backend=spec.backend,
-    )
+def _cell(spec: SweepSpec, *, mode: str, gas: int, world_size: int = 1, num_nodes: int = 1, **step) -> Cell:
+    cfg = StepConfig(model=spec.model, mode=mode, micro_batch=spec.micro_batch, seq_len=spec.seq_len, gas=gas,
+                     warmup_steps=spec.warmup_steps, timed_steps=spec.timed_steps, **step)  # fmt: skip
+    return Cell(step=cfg, world_size=world_size, num_nodes=num_nodes, backend=spec.backend)
 
 
 def expand(spec: SweepSpec) -> list[Cell]:
     """Baselines first (one per gas), then the DDP grid; duplicates (e.g. no_sync at gas 1) dropped."""
     cells = [_cell(spec, mode="single", gas=g) for g in sorted(spec.gas)]
-    for w, n, mode, g, ns, gv, b in product(
-        spec.workers, spec.nodes, spec.modes, spec.gas, spec.no_sync, spec.gradient_as_bucket_view,
-        spec.bucket_cap_mb,
-    ):  # fmt: skip
+    axes = product(spec.workers, spec.nodes, spec.modes, spec.gas, spec.no_sync, spec.gradient_as_bucket_view,
+                   spec.bucket_cap_mb)  # fmt: skip
+    for w, n, mode, g, ns, gv, b in axes:
         if w % n == 0 and w >= n:
             cells.append(_cell(spec, mode=mode, world_size=w, num_nodes=n, gas=g, no_sync=ns,
-                               gradient_as_bucket_view=gv, bucket_cap_mb=b))  # fmt: skip
+                               gradient_as_bucket_view=gv, bucket_cap_mb=float(b)))  # fmt: skip
     seen: dict[str, Cell] = {}
     for c in cells:
         seen.setdefault(c.cell_id, c)
     return list(seen.values())
 
 
-def cells_table(cells: list[Cell], repeats: int = 1) -> str:
+@dataclass(frozen=True, kw_only=True)
+class Slot:
+    """One planned measurement: a (cell, repeat) pair at its place in its group's rounds."""
+
+    cell: Cell
+    repeat: int
+    round: int  # = repeat: round r measures every pending cell of the group once
+    order_in_round: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Group:
+    """Pairs measured one after another on one worker group (one TorchTrainer)."""
+
+    group_id: str
+    isolation: str  # group | cell
+    order_seed: int  # seeds the shuffle of every round
+    slots: tuple[Slot, ...]
+
+    @property
+    def first(self) -> Cell:
+        return self.slots[0].cell
+
+    def rest_after(self, done: set[tuple[str, int]]) -> Group | None:
+        """A fresh group for the slots not in `done` (a re-plan after the group died), or None."""
+        left = tuple(s for s in self.slots if (s.cell.cell_id, s.repeat) not in done)
+        return replace(self, group_id=f"{self.group_id}-replan", slots=left) if left else None
+
+    def to_dict(self) -> dict:
+        slots = [{"cell": s.cell.to_dict(), "repeat": s.repeat, "round": s.round, "order": s.order_in_round}
+                 for s in self.slots]  # fmt: skip
+        return {"group_id": self.group_id, "isolation": self.isolation, "order_seed": self.order_seed, "slots": slots}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Group:
+        slots = tuple(Slot(cell=Cell.from_dict(s["cell"]), repeat=s["repeat"], round=s["round"],
+                           order_in_round=s["order"]) for s in data["slots"])  # fmt: skip
+        return cls(group_id=data["group_id"], isolation=data["isolation"], order_seed=data["order_seed"], slots=slots)
+
+
+def _rounds(pairs: list[tuple[Cell, int]], seed: int) -> list[Slot]:
+    """Round r holds the pairs of repeat r, shuffled with Random(seed + r): no repeat runs back to back."""
+    slots = []
+    for r in sorted({rep for _, rep in pairs}):
+        cells = [c for c, rep in pairs if rep == r]
+        random.Random(seed + r).shuffle(cells)
+        slots += [Slot(cell=c, repeat=r, round=r, order_in_round=i) for i, c in enumerate(cells)]
+    return slots
+
+
+def plan_groups(pairs: list[tuple[Cell, int]], *, sweep_id: str, isolation: str = "group") -> list[Group]:
+    """The pairs as groups: one per worker-group shape (`group`), or one per pair (`cell`)."""
+    by_key: dict[tuple, list[tuple[Cell, int]]] = {}
+    for cell, repeat in pairs:
+        by_key.setdefault(cell.group_key, []).append((cell, repeat))
+    groups = []
+    for key, members in by_key.items():
+        key_id = _digest([sweep_id, list(key)], 8)
+        seed = int(key_id, 16)
+        slots = _rounds(members, seed)
+        if isolation == "group":
+            groups.append(Group(group_id=key_id, isolation=isolation, order_seed=seed, slots=tuple(slots)))
+        else:
+            groups += [Group(group_id=f"{key_id}-{i}", isolation=isolation, order_seed=seed, slots=(s,))
+                       for i, s in enumerate(slots)]  # fmt: skip
+    return groups
+
+
+def cells_table(cells: list[Cell], repeats: int = 1, isolation: str = "group") -> str:
     """The grid as a plain-text table (for --dry-run)."""
     head = ["cell_id", "mode", "workers", "nodes", "bucket_mb", "gas", "no_sync", "grad_view", "model", "batch"]
     rows = [head]
     for c in cells:
-        rows.append([c.cell_id, c.mode, str(c.world_size), str(c.num_nodes),
-                     "-" if c.bucket_cap_mb is None else f"{c.bucket_cap_mb:g}", str(c.gas),
-                     str(c.no_sync).lower(), "-" if c.gradient_as_bucket_view is None else
-                     str(c.gradient_as_bucket_view).lower(), c.model, f"{c.micro_batch}x{c.seq_len}"])  # fmt: skip
+        s = c.step
+        rows.append([c.cell_id, s.mode, str(c.world_size), str(c.num_nodes),
+                     "-" if s.bucket_cap_mb is None else f"{s.bucket_cap_mb:g}", str(s.gas),
+                     str(s.no_sync).lower(), "-" if s.gradient_as_bucket_view is None else
+                     str(s.gradient_as_bucket_view).lower(), s.model, f"{s.micro_batch}x{s.seq_len}"])  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    lines.append(f"{len(cells)} cells x {repeats} repeat(s) = {len(cells) * repeats} trials")
+    groups = len({c.group_key for c in cells}) if isolation == "group" else len(cells) * repeats
+    lines.append(f"{len(cells)} cells x {repeats} repeat(s) = {len(cells) * repeats} measurements "
+                 f"in {groups} worker group(s)")  # fmt: skip
     return "\n".join(lines)

@@ -68,7 +68,7 @@ def check(cells: list[Cell], res: ClusterResources, cpus_per_worker: float, use_
     for cell in cells:
         problem = cell_problem(cell, res, cpus_per_worker, use_gpu)
         if problem:
-            bad.append(f"  cell {cell.cell_id} ({cell.mode}, {cell.world_size} workers): {problem}")
+            bad.append(f"  cell {cell.cell_id} ({cell.step.mode}, {cell.world_size} workers): {problem}")
     if bad:
         raise SpecError(
             "workers",

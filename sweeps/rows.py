@@ -1,81 +1,64 @@
-"""Building result rows (DESIGN.md's schema) from a cell, its measurement and its fingerprint."""
+"""The one place a result row (the schema in results/schema.py) is assembled."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
 from results.schema import COLUMNS
-from sweeps.grid import Cell
+from sweeps.grid import Slot
 
 MAX_ERROR_CHARS = 4000
 
 
 @dataclass(frozen=True, kw_only=True)
 class RowContext:
-    """What identifies a row beyond its cell."""
+    """What every row of one group shares beyond its cell."""
 
     sweep_id: str
     cluster: str
     spec_name: str
-    repeat: int
     cpus_per_worker: float
     placement: str  # the Ray strategy used
+    backend: str  # resolved for the group: nccl | gloo | none (single); a measured row records its own
+    isolation: str
+    group_id: str
+    order_seed: int
+    group_started_at: datetime
+    group_setup_s: float | None = None  # known once the workers announce their first cell
 
 
 def now() -> datetime:
     return datetime.now(UTC)
 
 
-def _base(cell: Cell, ctx: RowContext, started: datetime, wall_s: float) -> dict:
-    return {
-        "sweep_id": ctx.sweep_id,
-        "cell_id": cell.cell_id,
-        "repeat": ctx.repeat,
-        "cluster": ctx.cluster,
-        "spec_name": ctx.spec_name,
-        "started_at": started,
-        "finished_at": now(),
-        "trial_wall_s": wall_s,
-        "mode": cell.mode,
-        "world_size": cell.world_size,
-        "num_nodes": cell.num_nodes,
-        "workers_per_node": cell.workers_per_node,
-        "model": cell.model,
-        "micro_batch": cell.micro_batch,
-        "seq_len": cell.seq_len,
-        "tokens_per_step": cell.micro_batch * cell.seq_len * cell.gas * cell.world_size,
-        "bucket_cap_mb": cell.bucket_cap_mb,
-        "gas": cell.gas,
-        "no_sync": cell.no_sync,
-        "gradient_as_bucket_view": cell.gradient_as_bucket_view,
-        "warmup_steps": cell.warmup_steps,
-        "timed_steps": cell.timed_steps,
-        "cpus_per_worker": ctx.cpus_per_worker,
-        "placement": ctx.placement,
-    }
+def _clip(message: str) -> str:
+    if len(message) <= MAX_ERROR_CHARS:
+        return message
+    return message[: MAX_ERROR_CHARS // 2] + "\n…\n" + message[-MAX_ERROR_CHARS // 2 :]
 
 
-def ok_row(cell: Cell, ctx: RowContext, out: dict, started: datetime, wall_s: float) -> dict:
-    """A measured cell: the worker's result and fingerprint under the cell's own configuration."""
-    row = {k: v for k, v in out["result"].items() if k in COLUMNS}
-    row.update(out["fingerprint"])
-    row.update(_base(cell, ctx, started, wall_s))
-    hosts = [h for h, _ in out["placement"]]
-    row["hosts"] = sorted(set(hosts))
-    actual_nodes = len({node for _, node in out["placement"]})
-    if actual_nodes != cell.num_nodes:
-        return error_row(cell, ctx, f"placement gave {actual_nodes} node(s); the cell asks for {cell.num_nodes}",
-                         started, wall_s, extra=row)  # fmt: skip
-    row.update(status="ok", error="")
-    return row
-
-
-def error_row(cell: Cell, ctx: RowContext, message: str, started: datetime, wall_s: float, extra: dict | None = None):
-    """A cell that failed: its configuration, the error message, no measurement."""
-    row = dict(extra or {})
-    row.update(_base(cell, ctx, started, wall_s))
-    if len(message) > MAX_ERROR_CHARS:
-        message = message[: MAX_ERROR_CHARS // 2] + "\n…\n" + message[-MAX_ERROR_CHARS // 2 :]
-    row.update(status="error", error=message)
+def build_row(slot: Slot, ctx: RowContext, *, started: datetime, wall_s: float, done: dict | None = None,
+              error: str | None = None) -> dict:  # fmt: skip
+    """A row for one (cell, repeat): its configuration and placement, then the worker's `done` message
+    (measurement, fingerprint, the ranks' hosts) or the error. A measurement taken on the wrong number
+    of nodes is kept but becomes an error row: it must never be filed as the cell it is not."""
+    cell = slot.cell
+    row = asdict(cell.step) | {
+        "sweep_id": ctx.sweep_id, "cell_id": cell.cell_id, "repeat": slot.repeat, "cluster": ctx.cluster,
+        "spec_name": ctx.spec_name, "started_at": started, "finished_at": now(), "trial_wall_s": wall_s,
+        "world_size": cell.world_size, "num_nodes": cell.num_nodes, "workers_per_node": cell.workers_per_node,
+        "tokens_per_step": cell.step.tokens_per_rank * cell.world_size, "cpus_per_worker": ctx.cpus_per_worker,
+        "placement": ctx.placement, "backend": ctx.backend, "isolation": ctx.isolation, "group_id": ctx.group_id,
+        "round": slot.round, "order_in_round": slot.order_in_round, "order_seed": ctx.order_seed,
+        "group_started_at": ctx.group_started_at, "group_setup_s": ctx.group_setup_s,
+    }  # fmt: skip
+    if done is not None:
+        row |= done.get("fingerprint", {}) | {"hosts": done.get("hosts")}
+        row |= done.get("measurement") or {}
+        error = error or done.get("error")
+        if not error and done.get("nodes") != cell.num_nodes:
+            error = f"placement gave {done.get('nodes')} node(s); the cell asks for {cell.num_nodes}"
+    row = {k: v for k, v in row.items() if k in COLUMNS}
+    row.update(status="error" if error else "ok", error=_clip(error or ""))
     return row

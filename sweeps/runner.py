@@ -1,6 +1,6 @@
-"""The sweep driver: plan (expand, resume), pre-flight, then Ray Tune with one trial per (cell, repeat).
+"""The sweep driver: plan (expand, resume, group), pre-flight, then Ray Tune with one trial per group.
 
-Each trial's row is written to the store by `RowWriter` on the driver the moment the trial ends.
+Each measurement's row is written to the store by `RowWriter` on the driver the moment its cell ends.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from ray import tune
 
 from results.store import Store, valid_label
 from sweeps import preflight
-from sweeps.grid import Cell, expand
-from sweeps.rows import RowContext, error_row, now
+from sweeps.grid import Cell, Group, expand, plan_groups
+from sweeps.rows import build_row, now
 from sweeps.spec import SpecError, SweepSpec
-from sweeps.trial import TrialOptions, placement_for, trial_fn
+from sweeps.trial import TrialOptions, row_context, trial_fn
 
 ProgressFn = Callable[[dict], None]
 
@@ -43,6 +43,10 @@ class SweepPlan:
     @property
     def planned(self) -> int:
         return len(self.cells) * self.spec.repeats
+
+    def groups(self) -> list[Group]:
+        """The pending pairs as worker groups (re-formed from what is missing on --resume)."""
+        return plan_groups(self.todo, sweep_id=self.sweep_id, isolation=self.spec.isolation)
 
 
 @dataclass
@@ -82,39 +86,41 @@ def plan_sweep(spec: SweepSpec, *, results: str | None = None, cluster: str | No
 
 def _decode_row(text: str) -> dict:
     row = json.loads(text)
-    for key in ("started_at", "finished_at"):
+    for key in ("started_at", "finished_at", "group_started_at"):
         if row.get(key):
             row[key] = datetime.fromisoformat(row[key])
     return row
 
 
 class RowWriter(tune.Callback):
-    """Driver-side: writes each trial's row to the store as soon as the trial reports or dies."""
+    """Driver-side: writes each measurement's row to the store as soon as its trial reports it;
+    when a trial dies, every slot of its group without a row gets an error row."""
 
     def __init__(self, store: Store, options: TrialOptions, progress: ProgressFn) -> None:
         self.store, self.options, self.progress = store, options, progress
         self.rows: list[dict] = []
-        self._done: set[str] = set()
+        self._done: set[tuple[str, int]] = set()
 
-    def _write(self, trial_id: str, row: dict) -> None:
+    def _write(self, row: dict) -> None:
+        key = (row["cell_id"], row["repeat"])
+        if key in self._done:
+            return
         self.store.write_row(row)
-        self._done.add(trial_id)
+        self._done.add(key)
         self.rows.append(row)
         self.progress(row)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        if "row" in result and trial.trial_id not in self._done:
-            self._write(trial.trial_id, _decode_row(result["row"]))
+        if "row" in result:
+            self._write(_decode_row(result["row"]))
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        if trial.trial_id in self._done:
-            return
-        cell, repeat = Cell.from_dict(trial.config["pair"]["cell"]), trial.config["pair"]["repeat"]
-        o = self.options
-        ctx = RowContext(sweep_id=o.sweep_id, cluster=o.cluster, spec_name=o.spec_name, repeat=repeat,
-                         cpus_per_worker=o.cpus_per_worker, placement=placement_for(cell, o.placement))  # fmt: skip
+        group = Group.from_dict(trial.config["group"])
+        ctx = row_context(group, self.options, now())
         message = f"trial died: {trial.error_file and _tail(trial.error_file) or 'unknown error'}"
-        self._write(trial.trial_id, error_row(cell, ctx, message, now(), 0.0))
+        for slot in group.slots:
+            if (slot.cell.cell_id, slot.repeat) not in self._done:
+                self._write(build_row(slot, ctx, started=now(), wall_s=0.0, error=message))
 
 
 def _tail(path: str, chars: int = 2000) -> str:
@@ -200,16 +206,17 @@ def execute(plan: SweepPlan, *, address: str | None = None, verbose: bool = Fals
 def _manifest(plan: SweepPlan, opts: TrialOptions) -> dict:
     return {"sweep_id": plan.sweep_id, "cluster": plan.cluster, "spec": asdict(plan.spec),
             "cells": [c.cell_id for c in plan.cells], "repeats": plan.spec.repeats, "planned": plan.planned,
+            "isolation": plan.spec.isolation,
             "backend": opts.backend, "use_gpu": opts.use_gpu, "written_at": datetime.now(UTC).isoformat()}  # fmt: skip
 
 
 def _tuner(plan: SweepPlan, opts: TrialOptions, writer: RowWriter, verbose: bool) -> tune.Tuner:
     if not verbose:
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # Tune's new console output prints even at verbose=0
-    pairs = [{"cell": c.to_dict(), "repeat": r} for c, r in plan.todo]
+    groups = [g.to_dict() for g in plan.groups()]
     return tune.Tuner(
         tune.with_resources(trial_fn, tune.PlacementGroupFactory([preflight.TRIAL_BUNDLE])),
-        param_space={"pair": tune.grid_search(pairs), "options": asdict(opts)},
+        param_space={"group": tune.grid_search(groups), "options": asdict(opts)},
         tune_config=tune.TuneConfig(max_concurrent_trials=plan.spec.max_concurrent_trials, reuse_actors=False),
         run_config=tune.RunConfig(
             name=plan.sweep_id,

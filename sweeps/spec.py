@@ -15,11 +15,12 @@ import yaml
 
 from results.store import valid_label
 from trainers.errors import ConfigError
-from trainers.model import PRESETS
+from trainers.presets import PRESETS
 
 BACKENDS = ("auto", "nccl", "gloo")
 PLACEMENTS = ("auto", "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 GRID_MODES = ("ddp", "naive")
+ISOLATIONS = ("group", "cell")
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_")
 
 
@@ -74,7 +75,10 @@ class SweepSpec:
     max_concurrent_trials: int = 1
     """Cells measured at once (1: cells never contend for the same links)."""
     repeats: int = 1
-    """Independent trials (rows) per cell, so between-run noise is visible."""
+    """Rounds: each measures every cell once, in a shuffled order, so between-run noise is visible."""
+    isolation: str = "group"
+    """`group`: cells that share a worker-group shape run on one warm TorchTrainer, a fresh DDP wrapper
+    each; `cell`: one TorchTrainer per (cell, repeat) (process isolation, the slow control)."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra NCCL_*/GLOO_* variables for the workers."""
     results: str = "./ddpsweep-results"
@@ -147,6 +151,7 @@ def _validate(spec: SweepSpec) -> None:
     _check_choice("model", spec.model, tuple(PRESETS))
     _check_choice("backend", spec.backend, BACKENDS)
     _check_choice("placement", spec.placement, PLACEMENTS)
+    _check_choice("isolation", spec.isolation, ISOLATIONS)
     if spec.use_gpu != "auto" and not isinstance(spec.use_gpu, bool):
         raise _fail("use_gpu", spec.use_gpu, "auto, true or false")
     if spec.seq_len > PRESETS[spec.model].block_size:

@@ -1,34 +1,34 @@
-"""Runs in the Ray Tune trial actor: builds and fits one TorchTrainer for one (cell, repeat)."""
+"""Runs in the Ray Tune trial actor: one group of (cell, repeat) pairs on one TorchTrainer.
+
+The fit runs in a task of its own, so that a timeout can force-cancel it (and with it the Train
+controller and worker group it owns). Rank 0 streams `start`/`done` messages through a Ray queue;
+this trial turns each `done` into a row and reports it to Tune at once, where the driver's
+`RowWriter` writes it. Why a queue rather than `ray.train.report` + `TuneReportCallback`: the callback
+must live in this trial's session while the fit runs in the cancellable task, and `ray.train.report`
+is a barrier across ranks; a queue needs neither, and rows still reach the store as each cell ends.
+
+Every slot of a group ends as exactly one row: measured, failed, or — when the group dies twice (a hang
+past cell_timeout_s, a lost worker) — an error row saying why it was not measured.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import time
-from dataclasses import asdict, dataclass
-from typing import Any
+from collections.abc import Generator, Iterator
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime
 
 import ray
 import ray.tune
-from ray.exceptions import GetTimeoutError, RayTaskError
-from ray.train import FailureConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchConfig, TorchTrainer
+from ray.exceptions import RayError, RayTaskError
+from ray.util.queue import Queue
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from sweeps.grid import Cell
-from sweeps.rows import RowContext, error_row, now, ok_row
-from sweeps.worker import train_fn_per_worker
+from sweeps.grid import Cell, Group, Slot
+from sweeps.rows import RowContext, build_row, now
 
-# Propagated by Ray Train from the trial (its driver) to the controller and workers.
-TRAIN_ENV = {
-    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",  # the controller polls every 2 s by default
-    "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "60",
-    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
-}
-
-
-class CellTimeout(TimeoutError):
-    """A cell ran past the spec's cell_timeout_s."""
+POLL_S = 0.1  # how often the trial looks at the outbox and the fit (never inside a measurement)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,67 +56,122 @@ def placement_for(cell: Cell, requested: str) -> str:
     return "STRICT_SPREAD" if cell.workers_per_node == 1 else "PACK"
 
 
-def build_trainer(cell: Cell, opts: TrialOptions, repeat: int) -> TorchTrainer:
-    resources = {"CPU": opts.cpus_per_worker} | ({"GPU": 1} if opts.use_gpu else {})
-    threads = max(1, int(opts.cpus_per_worker))
-    return TorchTrainer(
-        train_fn_per_worker,
-        train_loop_config={"step": asdict(cell.step_config()), "threads": threads, "cell_id": cell.cell_id},
-        scaling_config=ScalingConfig(
-            num_workers=cell.world_size,
-            use_gpu=opts.use_gpu,
-            resources_per_worker=resources,
-            placement_strategy=placement_for(cell, opts.placement),
-        ),
-        torch_config=TorchConfig(backend=opts.backend, timeout_s=int(opts.collective_timeout_s)),
-        run_config=RunConfig(
-            name=f"{opts.sweep_id}-{cell.cell_id}-r{repeat}",
-            storage_path=opts.storage_path,
-            failure_config=FailureConfig(max_failures=0, controller_failure_limit=0),
-            worker_runtime_env={"env_vars": dict(opts.env)} if opts.env else None,
-        ),
-    )
+def row_context(group: Group, opts: TrialOptions, started: datetime) -> RowContext:
+    cell = group.first
+    return RowContext(sweep_id=opts.sweep_id, cluster=opts.cluster, spec_name=opts.spec_name,
+                      cpus_per_worker=opts.cpus_per_worker, placement=placement_for(cell, opts.placement),
+                      backend=opts.backend if cell.step.mode != "single" else "none", isolation=group.isolation,
+                      group_id=group.group_id, order_seed=group.order_seed, group_started_at=started)  # fmt: skip
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def fit_task(cell: dict, opts: dict, repeat: int) -> Any:
-    """Fit the cell's TorchTrainer in a task of its own, so a timeout can kill it with everything it owns."""
-    os.environ.update(TRAIN_ENV)
-    return build_trainer(Cell.from_dict(cell), TrialOptions(**opts), repeat).fit().return_value
+def fit_task(group: dict, opts: dict, outbox: Queue) -> None:
+    """Fit the group's TorchTrainer in a task of its own, so a timeout can kill it with everything it owns."""
+    from sweeps.fit import fit_group  # torch and Ray Train load here, in the fit's process, not in the trial's
+
+    fit_group(Group.from_dict(group), TrialOptions(**opts), outbox)
 
 
-def fit_with_timeout(cell: Cell, opts: TrialOptions, repeat: int) -> Any:
-    """Rank 0's return value. Past cell_timeout_s the fit task is force-cancelled: its process dies,
-    and with it the Train controller and worker group it owns, freeing their resources."""
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-    ref = fit_task.options(scheduling_strategy=here).remote(cell.to_dict(), asdict(opts), repeat)
+class GroupRun:
+    """One attempt at a group: launch the fit, follow the outbox, enforce cell_timeout_s."""
+
+    def __init__(self, group: Group, opts: TrialOptions) -> None:
+        self.group, self.opts = group, opts
+        self.slots = {(s.cell.cell_id, s.repeat): s for s in group.slots}
+        self.ctx = row_context(group, opts, now())
+        self.t0 = time.perf_counter()
+        self.running: tuple[Slot, datetime, float] | None = None
+        self.deadline = self.t0 + opts.cell_timeout_s  # the worker group's start counts toward the first cell
+        self.outbox = Queue(actor_options={"num_cpus": 0})
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        self.ref = fit_task.options(scheduling_strategy=here).remote(group.to_dict(), asdict(opts), self.outbox)
+
+    def _on_message(self, msg: dict) -> dict | None:
+        slot = self.slots[tuple(msg["key"])]
+        t = time.perf_counter()
+        if msg["kind"] == "start":
+            if self.ctx.group_setup_s is None:
+                self.ctx = replace(self.ctx, group_setup_s=t - self.t0)
+            self.running, self.deadline = (slot, now(), t), t + self.opts.cell_timeout_s
+            return None
+        self.running = None
+        started = datetime.fromisoformat(msg["started_at"])
+        return build_row(slot, self.ctx, started=started, wall_s=msg["wall_s"], done=msg)
+
+    def _drain(self) -> Iterator[dict]:
+        for msg in self.outbox.get_nowait_batch(self.outbox.qsize()):
+            row = self._on_message(msg)
+            if row is not None:
+                yield row
+
+    def follow(self) -> Generator[dict, None, str | None]:
+        """Yield rows as cells end; return None when the fit ended cleanly, else why it failed."""
+        try:
+            while True:
+                finished, _ = ray.wait([self.ref], timeout=POLL_S)
+                yield from self._drain()
+                if finished:
+                    return _fit_error(self.ref)
+                if time.perf_counter() > self.deadline:
+                    ray.cancel(self.ref, force=True)
+                    return f"cell exceeded cell_timeout_s={self.opts.cell_timeout_s:g} s"
+        finally:
+            ray.kill(self.outbox.actor)
+
+    def failed_row(self, message: str) -> dict | None:
+        """The error row of the cell that was running when the group failed (if one was)."""
+        if self.running is None:
+            return None
+        slot, started, t = self.running
+        return build_row(slot, self.ctx, started=started, wall_s=time.perf_counter() - t, error=message)
+
+
+def _fit_error(ref: ray.ObjectRef) -> str | None:
     try:
-        return ray.get(ref, timeout=opts.cell_timeout_s)
-    except GetTimeoutError:
-        ray.cancel(ref, force=True)
-        raise CellTimeout(f"cell exceeded cell_timeout_s={opts.cell_timeout_s:g} s") from None
+        ray.get(ref)
+        return None
     except RayTaskError as e:
-        raise e.cause if isinstance(e.cause, Exception) else e from None
+        cause = e.cause if isinstance(e.cause, Exception) else e
+        return f"worker group failed: {type(cause).__name__}: {cause}"
+    except RayError as e:
+        return f"worker group failed: {type(e).__name__}: {e}"
 
 
-def measure_row(cell: Cell, opts: TrialOptions, repeat: int) -> dict:
-    """Fit the cell; any failure becomes an error row, never an exception."""
-    ctx = RowContext(sweep_id=opts.sweep_id, cluster=opts.cluster, spec_name=opts.spec_name, repeat=repeat,
-                     cpus_per_worker=opts.cpus_per_worker, placement=placement_for(cell, opts.placement))  # fmt: skip
-    started, t0 = now(), time.perf_counter()
-    try:
-        out = fit_with_timeout(cell, opts, repeat)
-        if not out:
-            raise RuntimeError("rank 0 returned no measurement")
-        return ok_row(cell, ctx, out, started, time.perf_counter() - t0)
-    except Exception as e:  # noqa: BLE001 — one bad cell never kills the grid
-        message = f"{type(e).__name__}: {e}"
-        return error_row(cell, ctx, message, started, time.perf_counter() - t0)
+def _each(rows: Generator[dict, None, str | None], written: set) -> Generator[dict, None, str | None]:
+    """Pass `rows` through, noting each (cell_id, repeat) in `written`; return the generator's value."""
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration as stop:
+            return stop.value
+        written.add((row["cell_id"], row["repeat"]))
+        yield row
+
+
+def run_group(group: Group, opts: TrialOptions) -> Iterator[dict]:
+    """Rows of every slot of the group, each exactly once. A group that fails is re-planned once."""
+    written: set[tuple[str, int]] = set()
+    current: Group | None = group
+    why: str | None = None
+    for _attempt in range(2):
+        run = GroupRun(current, opts)
+        why = yield from _each(run.follow(), written)
+        failed = run.failed_row(why) if why else None
+        if failed is not None:
+            written.add((failed["cell_id"], failed["repeat"]))
+            yield failed
+        current = group.rest_after(written)
+        if current is None:
+            return
+        why = why or "the worker group ended before measuring it"
+    ctx = row_context(current, opts, now())
+    for slot in current.slots:
+        yield build_row(slot, ctx, started=now(), wall_s=0.0, error=f"not measured: group failed twice ({why})")
 
 
 def trial_fn(config: dict) -> None:
-    """The Tune trial: measure one (cell, repeat) and report its row (JSON) to the driver."""
-    cell = Cell.from_dict(config["pair"]["cell"])
+    """The Tune trial: measure one group and report each row (JSON) to the driver as it lands."""
+    group = Group.from_dict(config["group"])
     opts = TrialOptions(**config["options"])
-    row = measure_row(cell, opts, config["pair"]["repeat"])
-    ray.tune.report({"row": json.dumps(row, default=str)})
+    for row in run_group(group, opts):
+        ray.tune.report({"row": json.dumps(row, default=str)})

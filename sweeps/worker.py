@@ -1,19 +1,29 @@
-"""Runs on every Ray Train worker: the measured cell, then placement and fingerprint (rank 0 returns)."""
+"""Runs on every Ray Train worker: the group's measurements one after another, on one process group.
+
+Rank 0 posts two messages per measurement to the trial's outbox (a Ray queue): `start` before the
+cell is set up, `done` with the measurement (or the error) once every rank has finished it. The
+trial turns `done` into a row at once, so rows stream while the group runs.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import socket
 import time
+from dataclasses import replace
+from datetime import UTC, datetime
 
 import ray
 import ray.train
 import ray.train.torch
+import torch
 import torch.distributed as dist
 
 from sweeps import fingerprint
-from trainers.config import StepConfig
-from trainers.step import run_cell
+from sweeps.grid import Group, Slot
+from trainers.step import build_model, release, run_cell
 
 
 def _placement() -> list[list[str]]:
@@ -40,13 +50,53 @@ def _injected_fault(cell_id: str) -> None:
         time.sleep(10**6)
 
 
-def train_fn_per_worker(config: dict) -> dict | None:
-    """Measure the cell on this rank; rank 0 returns {result, placement, fingerprint}."""
-    _injected_fault(config.get("cell_id", ""))
-    cfg = StepConfig(**config["step"])
+def _agreed_error(mine: str | None) -> str | None:
+    """Every rank's outcome of the cell (a collective): the first rank's error, or None if all succeeded."""
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return next((f"rank {r}: {e}" for r, e in enumerate(every) if e), None)
+
+
+def _measure(slot: Slot, device: torch.device, threads: int, template) -> tuple[dict | None, str | None]:
+    """One cell on this rank. An exception becomes this rank's error; the ranks then agree on the outcome."""
+    try:
+        _injected_fault(slot.cell.cell_id)
+        measurement = run_cell(slot.cell.step, device, threads, template)
+        error = None
+    except Exception as e:  # noqa: BLE001 — reported as the cell's error row; the group goes on
+        measurement, error = None, f"{type(e).__name__}: {e}"
+    release(device)
+    error = _agreed_error(error)
+    return (measurement.to_dict() if measurement else None), error
+
+
+def _warm_up_group(group: Group, device: torch.device, threads: int, template) -> None:
+    """One short unrecorded run of the first cell, so that no measured cell pays the process's cold start
+    (lazy imports, first allocations, first collectives); then the heap so far is frozen, which keeps the
+    garbage collection between cells short (it only walks what the cells themselves allocated)."""
+    step = group.first.step
+    with contextlib.suppress(Exception):  # the measured run of that cell will report its error
+        run_cell(replace(step, warmup_steps=1, timed_steps=1), device, threads, template)
+    release(device)
+    gc.freeze()
+
+
+def train_fn_per_worker(config: dict) -> None:
+    """Measure every slot of the group in order; rank 0 posts start/done messages to the outbox."""
+    group, outbox, threads = Group.from_dict(config["group"]), config["outbox"], config["threads"]
     device = ray.train.torch.get_device()
-    result = run_cell(cfg, device, num_threads=config["threads"])
+    rank0 = ray.train.get_context().get_world_rank() == 0
     placement = _placement()
-    if ray.train.get_context().get_world_rank() != 0:
-        return None
-    return {"result": result.to_dict(), "placement": placement, "fingerprint": fingerprint.collect(device)}
+    hosts = {"hosts": sorted({h for h, _ in placement}), "nodes": len({n for _, n in placement})}
+    info = {"fingerprint": fingerprint.collect(device)} | hosts if rank0 else {}
+    template = build_model(group.first.step, device)  # built once; every cell starts from a copy of it
+    _warm_up_group(group, device, threads, template)
+    for slot in group.slots:
+        key = [slot.cell.cell_id, slot.repeat]
+        started, t0 = datetime.now(UTC).isoformat(), time.perf_counter()
+        if rank0:
+            outbox.put({"kind": "start", "key": key})
+        measurement, error = _measure(slot, device, threads, template)
+        if rank0:
+            outbox.put({"kind": "done", "key": key, "started_at": started, "wall_s": time.perf_counter() - t0,
+                        "measurement": measurement, "error": error, **info})  # fmt: skip

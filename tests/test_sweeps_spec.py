@@ -53,12 +53,12 @@ def test_example_specs_are_valid_and_the_seed_spec_is_the_seed_experiment():
 def test_expansion_dedupes_no_sync_at_gas_1_and_adds_baselines():
     spec = parse_spec("name: g\nbucket_cap_mb: [1, 25]\ngas: [1, 4]\nno_sync: [false, true]")
     cells = expand(spec)
-    singles = [c for c in cells if c.mode == "single"]
-    assert [c.gas for c in singles] == [1, 4]
-    assert all(c.world_size == 1 and c.bucket_cap_mb is None and not c.no_sync for c in singles)
-    ddp = [c for c in cells if c.mode == "ddp"]
+    singles = [c for c in cells if c.step.mode == "single"]
+    assert [c.step.gas for c in singles] == [1, 4]
+    assert all(c.world_size == 1 and c.step.bucket_cap_mb is None and not c.step.no_sync for c in singles)
+    ddp = [c for c in cells if c.step.mode == "ddp"]
     assert len(ddp) == 2 * (1 + 2)  # buckets x (gas 1: one cell, gas 4: no_sync both)
-    assert not any(c.no_sync for c in ddp if c.gas == 1)
+    assert not any(c.step.no_sync for c in ddp if c.step.gas == 1)
     assert len({c.cell_id for c in cells}) == len(cells)
 
 
@@ -74,9 +74,9 @@ def test_cell_ids_are_stable_and_depend_on_configuration():
 def test_naive_mode_ignores_buckets_and_dry_run_table_counts_trials():
     spec = parse_spec("name: n\nmodes: [ddp, naive]\nbucket_cap_mb: [1, 5, 25]\nrepeats: 2")
     cells = expand(spec)
-    assert sum(c.mode == "naive" for c in cells) == 1
+    assert sum(c.step.mode == "naive" for c in cells) == 1
     text = cells_table(cells, spec.repeats)
-    assert text.splitlines()[-1] == "5 cells x 2 repeat(s) = 10 trials"
+    assert text.splitlines()[-1] == "5 cells x 2 repeat(s) = 10 measurements in 2 worker group(s)"
     assert text.count("naive") == 1
 
 
@@ -107,7 +107,8 @@ def test_resume_refuses_an_unknown_sweep_and_a_changed_grid(tmp_path):
         plan_sweep(spec, results=str(tmp_path), resume="nope")
     assert err.value.field == "--resume" and "a sweep id under cluster=local" in str(err.value)
     Store.open(str(tmp_path)).write_manifest("local", "r-1", {"cells": [c.cell_id for c in expand(spec)]})
-    assert [c.mode for c, _ in plan_sweep(spec, results=str(tmp_path), resume="r-1").todo] == ["single", "ddp", "ddp"]
+    todo = plan_sweep(spec, results=str(tmp_path), resume="r-1").todo
+    assert [c.step.mode for c, _ in todo] == ["single", "ddp", "ddp"]
     with pytest.raises(SpecError, match="grid differs"):
         plan_sweep(parse_spec("name: r\nbucket_cap_mb: [1, 5]"), results=str(tmp_path), resume="r-1")
     with pytest.raises(SpecError) as bad_label:

@@ -102,17 +102,21 @@ def measured(rank: int, cfg: StepConfig):
     return run_cell(cfg, CPU, num_threads=1)
 
 
+def tokens_per_step(cfg: StepConfig, world: int) -> int:
+    return cfg.tokens_per_rank * world
+
+
 @pytest.mark.parametrize("mode", ["ddp", "naive"])
 def test_run_cell_reports_consistent_measurement(tmp_path, mode):
     cfg = dataclasses.replace(BASE, mode=mode, gas=2, no_sync=True, bucket_cap_mb=0.01)
     r0, r1 = run_world(measured, 2, tmp_path, cfg)
     assert r1 is None  # only rank 0 reports
-    assert r0.world_size == 2 and r0.replicas_in_sync is True
-    assert r0.tokens_per_step == 4 * 32 * 2 * 2
+    assert r0.replicas_in_sync is True and r0.backend == "gloo"
+    assert tokens_per_step(cfg, 2) == 4 * 32 * 2 * 2
     assert len(r0.step_times_ms) == 3 and all(t > 0 for t in r0.step_times_ms)
     assert r0.step_ms_p10 <= r0.step_ms <= r0.step_ms_p90
-    assert r0.tokens_per_s == pytest.approx(r0.tokens_per_step / (r0.step_ms / 1e3))
-    assert r0.num_threads == 1 and r0.peak_mem_bytes > 10 * 2**20
+    assert r0.tokens_per_s == pytest.approx(tokens_per_step(cfg, 2) / (r0.step_ms / 1e3))
+    assert r0.num_threads == 1 and r0.peak_mem_bytes > 10 * 2**20 and r0.setup_ms > 0
     if mode == "ddp":  # 1.48 MB of gradients in 10 KB buckets: many buckets
         assert r0.num_buckets >= 5 and sum(r0.bucket_sizes_bytes) == r0.grad_bytes
     else:
@@ -151,3 +155,28 @@ def test_torchrun_entry_point_prints_one_row_from_rank_0():
     row = rows[0]
     assert (row["world_size"], row["backend"], row["gas"], row["no_sync"]) == (2, "gloo", 2, True)
     assert row["replicas_in_sync"] is True and row["num_threads"] >= 1
+
+
+def packed_cells(rank: int, cfgs: list[StepConfig]):
+    """Many cells one after another in one process group, each from the same template's weights."""
+    import trainers.step as step
+
+    template = build_model(cfgs[0], CPU)
+    out = []
+    for cfg in cfgs:
+        m = run_cell(cfg, CPU, num_threads=1, template=template)
+        step.release(CPU)
+        rep = setup_replica(cfg, CPU, template)  # the same start as a fresh seeded build
+        out.append((m, step.params_checksum(rep.model) == step.params_checksum(build_model(cfg, CPU))))
+    return out
+
+
+def test_packed_cells_each_start_fresh_and_stay_in_sync(tmp_path):
+    buckets = [0.01, 25.0, 0.01, 0.1]
+    cfgs = [dataclasses.replace(BASE, bucket_cap_mb=b, gas=2, no_sync=i % 2 == 0) for i, b in enumerate(buckets)]
+    r0, r1 = run_world(packed_cells, 2, tmp_path, cfgs)
+    assert all(m is None for m, _ in r1)
+    assert all(fresh for _, fresh in r0 + r1)
+    assert all(m.replicas_in_sync for m, _ in r0)
+    counts = [m.num_buckets for m, _ in r0]
+    assert counts[0] == counts[2] > counts[3] > counts[1] == 1  # each cell got its own wrapper's buckets

@@ -2,12 +2,13 @@
 
     torchrun --standalone --nproc_per_node=2 -m trainers.bench --model tiny --bucket-cap-mb 25 --gas 4 --no-sync
 
-Prints one JSON line (the CellResult) on rank 0. Exit code 2 on bad input.
+Prints one JSON line on rank 0: the StepConfig, the world size and the Measurement. Exit code 2 on bad input.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import socket
@@ -18,7 +19,7 @@ import torch.distributed as dist
 
 from trainers.config import MODES, StepConfig
 from trainers.errors import ConfigError
-from trainers.model import PRESETS
+from trainers.presets import PRESETS
 from trainers.step import run_cell
 
 
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     device = pick_device(args.device)
     if cfg.mode != "single":
         init_distributed(device)
+    world = dist.get_world_size() if dist.is_initialized() else 1
     try:
         result = run_cell(cfg, device, threads)
     finally:
@@ -100,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
             dist.barrier()  # no rank tears gloo down while a peer still talks to it
             dist.destroy_process_group()
     if result is not None:
-        row = result.to_dict()
+        row = dataclasses.asdict(cfg) | {"world_size": world} | result.to_dict()
+        row["tokens_per_step"] = cfg.tokens_per_rank * world
         row["torch_version"] = torch.__version__
         print(json.dumps(row), flush=True)
     return 0

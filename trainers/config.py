@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from trainers.errors import ConfigError
-from trainers.model import PRESETS
+from trainers.presets import PRESETS
 
 MODES = ("single", "ddp", "naive")
 
@@ -26,10 +26,10 @@ class StepConfig:
     """Gradient-accumulation micro-steps per optimizer step."""
     no_sync: bool = False
     """Skip gradient sync on the first gas-1 micro-steps (DDP's `no_sync()`)."""
-    bucket_cap_mb: float = 25.0
-    """DDP bucket capacity in MB (ignored outside `ddp` mode)."""
-    gradient_as_bucket_view: bool = True
-    """Make .grad a view into DDP's bucket memory."""
+    bucket_cap_mb: float | None = 25.0
+    """DDP bucket capacity in MB; None outside `ddp` mode (normalized away there)."""
+    gradient_as_bucket_view: bool | None = True
+    """Make .grad a view into DDP's bucket memory; None outside `ddp` mode."""
     warmup_steps: int = 3
     """Untimed optimizer steps before measuring."""
     timed_steps: int = 10
@@ -51,8 +51,20 @@ class StepConfig:
         block = PRESETS[self.model].block_size
         if self.seq_len > block:
             raise ConfigError("seq_len", self.seq_len, f"1..{block} (block size of {self.model})")
-        if isinstance(self.bucket_cap_mb, bool) or not self.bucket_cap_mb > 0:
+        self._normalize()
+        b = self.bucket_cap_mb
+        if self.mode == "ddp" and (not isinstance(b, int | float) or isinstance(b, bool) or not b > 0):
             raise ConfigError("bucket_cap_mb", self.bucket_cap_mb, "a number of MB > 0")
+
+    def _normalize(self) -> None:
+        """Settings that do not apply to the mode become None/False, so one cell has one spelling."""
+        if self.mode != "ddp":
+            object.__setattr__(self, "bucket_cap_mb", None)
+            object.__setattr__(self, "gradient_as_bucket_view", None)
+        elif self.gradient_as_bucket_view is None:
+            object.__setattr__(self, "gradient_as_bucket_view", True)
+        if self.gas == 1 or self.mode == "single":
+            object.__setattr__(self, "no_sync", False)
 
     @property
     def tokens_per_rank(self) -> int:
@@ -61,33 +73,26 @@ class StepConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CellResult:
-    """What rank 0 reports for one measured cell. Times in ms, memory in bytes."""
+class Measurement:
+    """What rank 0 measured for one cell: measurements only (the configuration is the StepConfig).
 
-    mode: str
-    world_size: int
-    backend: str
-    device_type: str
-    model: str
+    Times in ms, memory in bytes.
+    """
+
+    backend: str  # the process group's backend as run: nccl | gloo | none (single)
+    device_type: str  # cuda | cpu
     n_params: int
     grad_bytes: int  # bytes
-    micro_batch: int
-    seq_len: int
-    tokens_per_step: int  # global: all ranks, all micro-steps
-    bucket_cap_mb: float
-    gas: int
-    no_sync: bool
-    gradient_as_bucket_view: bool
-    warmup_steps: int
-    timed_steps: int
-    num_threads: int
+    num_threads: int  # torch intra-op threads per rank
+    setup_ms: float  # model copy + optimizer + DDP wrapper for this cell
+    warmup_ms: float  # all warm-up steps together (untimed steps, timed as a block)
     step_ms: float  # median of the per-step slowest-rank times
     step_ms_mean: float
     step_ms_p10: float
     step_ms_p90: float
     step_ms_cv: float  # std / mean
-    tokens_per_s: float  # tokens_per_step / median step time
-    peak_mem_bytes: int  # max over ranks: CUDA max allocated, or peak RSS on CPU
+    tokens_per_s: float  # global tokens per step / median step time
+    peak_mem_bytes: int | None  # max over ranks during this cell: CUDA max allocated, or VmHWM on Linux CPU
     num_buckets: int
     bucket_sizes_bytes: list[int] = field(default_factory=list)
     step_times_ms: list[float] = field(default_factory=list)

@@ -1,12 +1,15 @@
 """The measured DDP GPT step. `run_cell` runs on every rank (torchrun or a Ray Train worker).
 
 The process group must already be initialized for `ddp` and `naive` modes; `single`
-runs in one process with no wrapper and no collectives.
+runs in one process with no wrapper and no collectives. Many cells may run one after another in
+the same process and group: each starts from a copy of the same initial weights, with a new
+optimizer and a new DDP wrapper, and `release` frees it all before the next.
 """
 
 from __future__ import annotations
 
-import resource
+import copy
+import gc
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -17,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainers.config import CellResult, StepConfig
+from trainers.config import Measurement, StepConfig
 from trainers.model import GPT, PRESETS, grad_bytes, n_params
 from trainers.stats import summarize
 
@@ -53,8 +56,9 @@ def build_model(cfg: StepConfig, device: torch.device) -> GPT:
     return GPT(PRESETS[cfg.model]).to(device)
 
 
-def setup_replica(cfg: StepConfig, device: torch.device) -> Replica:
-    model = build_model(cfg, device)
+def setup_replica(cfg: StepConfig, device: torch.device, template: GPT | None = None) -> Replica:
+    """A fresh replica: `template`'s weights copied (or a seeded build), a new optimizer and wrapper."""
+    model = copy.deepcopy(template) if template is not None else build_model(cfg, device)
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed(cfg) else (0, 1)
     module: nn.Module = model
     if cfg.mode == "ddp":
@@ -131,10 +135,38 @@ def time_steps(step: Callable[[], None], n: int, sync: Callable[[], None]) -> li
     return times
 
 
-def peak_memory_bytes(device: torch.device) -> int:
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a cell's peak-memory window (CUDA statistics, or the kernel's VmHWM on Linux)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM, the peak resident set size (Linux >= 4.0)
+    except OSError:
+        pass
+
+
+def peak_memory_bytes(device: torch.device) -> int | None:
+    """Peak memory since `reset_peak_memory`: CUDA max allocated, or VmHWM on Linux; None where the
+    only figure is the process's lifetime peak (ru_maxrss), which is not this cell's."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)  # bytes
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB -> bytes
+    except OSError:
+        pass
+    return None
+
+
+def release(device: torch.device) -> None:
+    """Free what the previous cell held (its replica must be unreferenced by now)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def bucket_sizes(module: nn.Module) -> list[int]:
@@ -154,54 +186,49 @@ def _gather_max(values: list[float], device: torch.device) -> list[float]:
     return torch.stack(every).max(dim=0).values.tolist()
 
 
-def run_cell(cfg: StepConfig, device: torch.device, num_threads: int) -> CellResult | None:
-    """Warm up, time `timed_steps` steps, check replicas. Returns the result on rank 0, else None."""
+def run_cell(
+    cfg: StepConfig, device: torch.device, num_threads: int, template: GPT | None = None
+) -> Measurement | None:
+    """Set up, warm up, time `timed_steps` steps, check replicas. Returns the measurement on rank 0, else None."""
     if device.type == "cpu":
         torch.set_num_threads(num_threads)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    rep = setup_replica(cfg, device)
+    reset_peak_memory(device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    t0 = time.perf_counter()
+    rep = setup_replica(cfg, device, template)
+    sync()
+    setup_ms = (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter()
     for _ in range(cfg.warmup_steps):
         train_step(rep)
+    sync()
+    warmup_ms = (time.perf_counter() - t0) * 1e3
     if distributed(cfg):
-        sync()
         dist.barrier()
     times = time_steps(lambda: train_step(rep), cfg.timed_steps, sync)
     in_sync, peak = True, peak_memory_bytes(device)
     if distributed(cfg):
         times = _gather_max(times, device)
-        peak = int(_gather_max([float(peak)], device)[0])
+        peak = None if peak is None else int(_gather_max([float(peak)], device)[0])
         in_sync = replicas_in_sync(rep.model, device)
         if dist.get_rank() != 0:
             return None
-    return _result(cfg, rep, device, times, peak, in_sync, num_threads)
+    return _measurement(cfg, rep, device, times, peak, in_sync, num_threads, (setup_ms, warmup_ms))
 
 
-def _result(
-    cfg: StepConfig, rep: Replica, device: torch.device, times: list[float], peak: int, in_sync: bool, threads: int
-) -> CellResult:
+def _measurement(cfg: StepConfig, rep: Replica, device: torch.device, times: list[float], peak: int | None,
+                 in_sync: bool, threads: int, setup_warmup_ms: tuple[float, float]) -> Measurement:  # fmt: skip
     stats = summarize(times)
     sizes = bucket_sizes(rep.module)
-    tokens = cfg.tokens_per_rank * rep.world_size
-    return CellResult(
-        mode=cfg.mode,
-        world_size=rep.world_size,
+    tokens = cfg.tokens_per_rank * rep.world_size  # global tokens per optimizer step
+    return Measurement(
         backend=dist.get_backend() if distributed(cfg) else "none",
         device_type=device.type,
-        model=cfg.model,
         n_params=n_params(rep.model),
         grad_bytes=grad_bytes(rep.model),
-        micro_batch=cfg.micro_batch,
-        seq_len=cfg.seq_len,
-        tokens_per_step=tokens,
-        bucket_cap_mb=cfg.bucket_cap_mb,
-        gas=cfg.gas,
-        no_sync=cfg.no_sync,
-        gradient_as_bucket_view=cfg.gradient_as_bucket_view,
-        warmup_steps=cfg.warmup_steps,
-        timed_steps=cfg.timed_steps,
         num_threads=threads if device.type == "cpu" else torch.get_num_threads(),
+        setup_ms=setup_warmup_ms[0],
+        warmup_ms=setup_warmup_ms[1],
         **stats,
         tokens_per_s=tokens / (stats["step_ms"] / 1e3),
         peak_mem_bytes=peak,

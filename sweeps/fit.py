@@ -1,0 +1,46 @@
+"""Runs in the fit task's process: one TorchTrainer for one group (see sweeps/trial.py for why a task)."""
+
+from __future__ import annotations
+
+import os
+
+from ray.train import FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchConfig, TorchTrainer
+from ray.util.queue import Queue
+
+from sweeps.grid import Group
+from sweeps.trial import TrialOptions, placement_for
+from sweeps.worker import train_fn_per_worker
+
+# Propagated by Ray Train from its driver (this task) to the controller and workers.
+TRAIN_ENV = {
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",  # the controller polls every 2 s by default
+    "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "60",
+    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+}
+
+
+def build_trainer(group: Group, opts: TrialOptions, outbox: Queue) -> TorchTrainer:
+    cell = group.first
+    resources = {"CPU": opts.cpus_per_worker} | ({"GPU": 1} if opts.use_gpu else {})
+    threads = max(1, int(opts.cpus_per_worker))
+    return TorchTrainer(
+        train_fn_per_worker,
+        train_loop_config={"group": group.to_dict(), "threads": threads, "outbox": outbox},
+        scaling_config=ScalingConfig(num_workers=cell.world_size, use_gpu=opts.use_gpu,
+                                     resources_per_worker=resources,
+                                     placement_strategy=placement_for(cell, opts.placement)),  # fmt: skip
+        torch_config=TorchConfig(backend=opts.backend, timeout_s=int(opts.collective_timeout_s)),
+        run_config=RunConfig(
+            name=f"{opts.sweep_id}-{group.group_id}",
+            storage_path=opts.storage_path,
+            failure_config=FailureConfig(max_failures=0, controller_failure_limit=0),
+            worker_runtime_env={"env_vars": dict(opts.env)} if opts.env else None,
+        ),
+    )
+
+
+def fit_group(group: Group, opts: TrialOptions, outbox: Queue) -> None:
+    """Run the group on a fresh worker group; rows travel through `outbox`, nothing is returned."""
+    os.environ.update(TRAIN_ENV)
+    build_trainer(group, opts, outbox).fit()
