@@ -1,10 +1,13 @@
-"""Where does a Ray trial's time go? The smoke grid through ddpsweep (Ray Tune + Train) beside the
-seed's way (one torchrun launch of trainers.bench per cell), measured in one run.
+"""Where does a sweep's time go? The smoke spec end to end through `ddpsweep run` with `isolation: group`
+(warm worker groups) and `isolation: cell` (one TorchTrainer per measurement), beside the seed's way
+(one torchrun launch of trainers.bench per measurement), all in one run.
 
-    python benchmarks/orchestration_overhead.py [--spec sweeps/specs/smoke.yaml]
+    python benchmarks/orchestration_overhead.py [--spec sweeps/specs/smoke.yaml] [--repeats 3]
 
-Prints per cell: wall time and overhead (wall − (warmup + timed) × step_ms) for both paths, and the
-ratio of step_ms measured through Ray to step_ms under torchrun (target: within 2%).
+Prints: whole-sweep wall time of each path; sweep start (command start -> first worker group launched)
+and group start (launch -> workers ready for the first cell) separately; the marginal overhead per
+measurement inside a group, (group wall - group start - sum of warm-up and timed step time) / measurements;
+and per cell, step_ms measured in a warm group / in its own TorchTrainer (median over repeats).
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -20,101 +22,101 @@ import tempfile
 import time
 from pathlib import Path
 
+import pandas as pd
+import yaml
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sweeps.grid import Cell  # noqa: E402
-from sweeps.runner import execute, plan_sweep  # noqa: E402
-from sweeps.spec import load_spec  # noqa: E402
+from results.store import load  # noqa: E402
+from sweeps.grid import Cell, expand  # noqa: E402
+from sweeps.spec import SweepSpec, load_spec  # noqa: E402
 
 
-def torchrun_cell(cell: Cell, threads: int) -> tuple[float, float]:
-    """(wall s, step_ms) of one launch of trainers.bench for the cell."""
-    launcher = [sys.executable, "-m", "trainers.bench"] if cell.mode == "single" else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cell.world_size}",
-        "-m", "trainers.bench"]  # fmt: skip
-    args = ["--model", cell.model, "--mode", cell.mode, "--micro-batch", str(cell.micro_batch), "--seq-len",
-            str(cell.seq_len), "--gas", str(cell.gas), "--warmup", str(cell.warmup_steps), "--steps",
-            str(cell.timed_steps), "--threads", str(threads), "--device", "cpu",
-            "--bucket-cap-mb", str(cell.bucket_cap_mb or 25)] + (["--no-sync"] if cell.no_sync else [])  # fmt: skip
+def run_sweep(spec: SweepSpec, isolation: str, results: str) -> tuple[float, float, pd.DataFrame]:
+    """(wall s, command start -> first group launch s, rows) of `ddpsweep run` as a user runs it."""
+    path = Path(results) / f"{isolation}.yaml"
+    path.write_text(yaml.safe_dump(dataclasses.asdict(dataclasses.replace(spec, isolation=isolation))))
+    start = pd.Timestamp.now(tz="UTC")
     t0 = time.perf_counter()
-    out = subprocess.run([*launcher, *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    subprocess.run([sys.executable, "-m", "service.cli", "run", str(path), "--results", results, "--cluster",
+                    isolation], cwd=ROOT, check=True, capture_output=True)  # fmt: skip
     wall = time.perf_counter() - t0
-    return wall, json.loads(next(x for x in out.splitlines() if x.startswith("{")))["step_ms"]
+    rows = load(results, cluster=isolation)
+    return wall, (rows["group_started_at"].min() - start).total_seconds(), rows
 
 
-def noop_fn_per_worker(config: dict) -> None:
-    """Ray Train's fixed cost: a worker group that does nothing."""
+def group_figures(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per group: wall, group start, measuring time and the marginal overhead per measurement (s)."""
+    out = []
+    for gid, g in rows.groupby("group_id"):
+        wall = (g["finished_at"].max() - g["group_started_at"].min()).total_seconds()
+        work = (g["warmup_ms"].sum() + g["step_times_ms"].map(sum).sum()) / 1e3
+        start = g["group_setup_s"].iloc[0]
+        out.append({"group_id": gid, "n": len(g), "wall_s": wall, "group_start_s": start, "work_s": work,
+                    "marginal_s": (wall - start - work) / len(g)})  # fmt: skip
+    return pd.DataFrame(out)
 
 
-def bare_fit_s(repeats: int = 3) -> float:
-    """Median wall time of TorchTrainer.fit() with 2 gloo workers doing nothing (Ray started, same env)."""
-    import ray
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    from sweeps.trial import TRAIN_ENV
-
-    os.environ.update(TRAIN_ENV)
-    walls = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in range(repeats):
-            trainer = TorchTrainer(noop_fn_per_worker, scaling_config=ScalingConfig(num_workers=2),
-                                   torch_config=TorchConfig(backend="gloo"),
-                                   run_config=RunConfig(name=f"noop-{i}", storage_path=tmp))  # fmt: skip
-            t0 = time.perf_counter()
-            trainer.fit()
-            walls.append(time.perf_counter() - t0)
-    assert ray.is_initialized()
-    return statistics.median(walls)
-
-
-def work_s(cell: Cell, step_ms: float) -> float:
-    return (cell.warmup_steps + cell.timed_steps) * step_ms / 1e3
+def torchrun_loop(cells: list[Cell], repeats: int, threads: int, device: str) -> tuple[float, dict[str, list[float]]]:
+    """Wall time of one trainers.bench launch per (cell, repeat), rounds interleaved; step_ms per cell."""
+    step_ms: dict[str, list[float]] = {}
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        for cell in cells:
+            s = cell.step
+            launcher = [sys.executable, "-m", "trainers.bench"] if s.mode == "single" else [
+                sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cell.world_size}",
+                "-m", "trainers.bench"]  # fmt: skip
+            args = ["--model", s.model, "--mode", s.mode, "--micro-batch", str(s.micro_batch), "--seq-len",
+                    str(s.seq_len), "--gas", str(s.gas), "--warmup", str(s.warmup_steps), "--steps",
+                    str(s.timed_steps), "--threads", str(threads), "--device", device,
+                    "--bucket-cap-mb", str(s.bucket_cap_mb or 25)] + (["--no-sync"] if s.no_sync else [])  # fmt: skip
+            out = subprocess.run([*launcher, *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+            row = json.loads(next(x for x in out.splitlines() if x.startswith("{")))
+            step_ms.setdefault(cell.cell_id, []).append(row["step_ms"])
+    return time.perf_counter() - t0, step_ms
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--spec", default=str(ROOT / "sweeps/specs/smoke.yaml"))
-    ap.add_argument("--timed-steps", type=int, default=40, help="override the spec's (more steps, less noise)")
+    ap.add_argument("--repeats", type=int, default=None, help="override the spec's repeats (rounds)")
     args = ap.parse_args()
-    spec = dataclasses.replace(load_spec(args.spec), timed_steps=args.timed_steps)
-    threads = max(1, int(spec.cpus_per_worker))
-    import ray
-
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=False)
-    noop = bare_fit_s()
+    spec = load_spec(args.spec)
+    spec = dataclasses.replace(spec, repeats=args.repeats or spec.repeats)
+    n = len(expand(spec)) * spec.repeats
     with tempfile.TemporaryDirectory() as tmp:
-        plan = plan_sweep(spec, results=tmp)
-        t0 = time.perf_counter()
-        rows = {r["cell_id"]: r for r in execute(plan).rows}
-        sweep_wall = time.perf_counter() - t0
-    ray.shutdown()
-    print(f"{'cell':<13}{'mode':<7}{'bkt':>6}{'gas':>4}{'ns':>3} | {'ray wall':>8}{'ovh':>7} | "
-          f"{'trun wall':>9}{'ovh':>7} | {'ray ms':>8}{'trun ms':>8}{'ratio':>7}")  # fmt: skip
-    ratios, ray_ovh, tr_ovh, tr_total = [], [], [], 0.0
-    for cell in plan.cells:
-        row = rows[cell.cell_id]
-        wall, tr_ms = torchrun_cell(cell, threads)
-        tr_total += wall
-        ro, to = row["trial_wall_s"] - work_s(cell, row["step_ms"]), wall - work_s(cell, tr_ms)
-        ratios.append(row["step_ms"] / tr_ms)
-        ray_ovh.append(ro)
-        tr_ovh.append(to)
-        bucket = "-" if cell.bucket_cap_mb is None else f"{cell.bucket_cap_mb:g}"
-        print(f"{cell.cell_id:<13}{cell.mode:<7}{bucket:>6}{cell.gas:>4}{int(cell.no_sync):>3} | "
-              f"{row['trial_wall_s']:8.2f}{ro:7.2f} | {wall:9.2f}{to:7.2f} | "
-              f"{row['step_ms']:8.2f}{tr_ms:8.2f}{ratios[-1]:7.3f}")  # fmt: skip
+        g_wall, g_sweep_start, g_rows = run_sweep(spec, "group", tmp)
+        c_wall, _, c_rows = run_sweep(spec, "cell", tmp)
+    device = "cuda" if spec.use_gpu is True else "cpu"
+    t_wall, t_ms = torchrun_loop(expand(spec), spec.repeats, max(1, int(spec.cpus_per_worker)), device)
+    figs = group_figures(g_rows)
+    print(f"{spec.name}: {n} measurements ({len(expand(spec))} cells x {spec.repeats} rounds) on {device}\n")
+    print(f"whole sweep   isolation=group {g_wall:6.1f} s | isolation=cell {c_wall:6.1f} s | "
+          f"torchrun relaunch loop {t_wall:6.1f} s")  # fmt: skip
+    print(f"speed-up      group vs cell {c_wall / g_wall:.1f}x, group vs torchrun loop {t_wall / g_wall:.1f}x")
+    print(f"sweep start   {g_sweep_start:.1f} s (command start -> first worker group launched)")
+    for f in figs.itertuples():
+        print(
+            f"group {f.group_id:<10} {f.n:3d} measurements: wall {f.wall_s:5.1f} s, group start "
+            f"{f.group_start_s:4.1f} s, measuring {f.work_s:5.1f} s, marginal {f.marginal_s:.3f} s/measurement"
+        )
+    marginal = (figs["wall_s"] - figs["group_start_s"] - figs["work_s"]).sum() / figs["n"].sum()
+    print(f"marginal overhead per measurement inside a group: {marginal:.3f} s (target <= 0.3 s)")
+    g_med, c_med = (r.groupby("cell_id")["step_ms"].median() for r in (g_rows, c_rows))
+    ratio = (g_med / c_med).dropna()
+    t_ratio = g_med / pd.Series({k: statistics.median(v) for k, v in t_ms.items()})
     print(
-        f"\nmedian per-cell overhead: Ray trial {statistics.median(ray_ovh):.2f} s, "
-        f"torchrun launch {statistics.median(tr_ovh):.2f} s"
+        f"\nstep_ms group / cell isolation, per cell: median {ratio.median():.3f}, "
+        f"range {ratio.min():.3f}..{ratio.max():.3f} over {len(ratio)} cells (target 1.00 +- 0.03)"
     )
-    print(f"of which Ray Train's own: a no-op TorchTrainer.fit() with 2 gloo workers takes {noop:.2f} s here")
-    print(f"whole grid: ddpsweep {sweep_wall:.1f} s (Ray already up), torchrun loop {tr_total:.1f} s")
     print(
-        f"step_ms Ray / torchrun: median ratio {statistics.median(ratios):.3f}, "
-        f"range {min(ratios):.3f}..{max(ratios):.3f} (target within 2%)"
+        f"step_ms group / torchrun, per cell:       median {t_ratio.median():.3f}, "
+        f"range {t_ratio.min():.3f}..{t_ratio.max():.3f}"
     )
+    cv = pd.concat([g_rows, c_rows]).groupby(["cluster", "cell_id"])["step_ms"].agg(lambda s: s.std() / s.mean())
+    print(f"between-repeat CV of step_ms (same cell, same mode): median {cv.median():.3f}, max {cv.max():.3f}")
 
 
 if __name__ == "__main__":

@@ -27,9 +27,12 @@ def build_trainer(group: Group, opts: TrialOptions, outbox: Queue) -> TorchTrain
     return TorchTrainer(
         train_fn_per_worker,
         train_loop_config={"group": group.to_dict(), "threads": threads, "outbox": outbox},
-        scaling_config=ScalingConfig(num_workers=cell.world_size, use_gpu=opts.use_gpu,
-                                     resources_per_worker=resources,
-                                     placement_strategy=placement_for(cell, opts.placement)),  # fmt: skip
+        scaling_config=ScalingConfig(
+            num_workers=cell.world_size,
+            use_gpu=opts.use_gpu,
+            resources_per_worker=resources,
+            placement_strategy=placement_for(cell, opts.placement),
+        ),  # fmt: skip
         torch_config=TorchConfig(backend=opts.backend, timeout_s=int(opts.collective_timeout_s)),
         run_config=RunConfig(
             name=f"{opts.sweep_id}-{group.group_id}",

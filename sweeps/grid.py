@@ -53,9 +53,11 @@ class Cell:
 
     @property
     def group_key(self) -> tuple:
-        """What shapes a worker group: cells with the same key can share one."""
+        """What shapes a worker group: cells with the same key can share one (and its template model).
+        Baselines always form their own group, also beside DDP cells at world size 1."""
         s = self.step
-        return (self.world_size, self.num_nodes, self.backend, s.model, s.micro_batch, s.seq_len)
+        return (s.mode == "single", self.world_size, self.num_nodes, self.backend, s.model, s.micro_batch,
+                s.seq_len, s.seed)  # fmt: skip
 
     def to_dict(self) -> dict:
         return {"step": asdict(self.step), "world_size": self.world_size, "num_nodes": self.num_nodes,
@@ -129,11 +131,14 @@ class Group:
 
 
 def _rounds(pairs: list[tuple[Cell, int]], seed: int) -> list[Slot]:
-    """Round r holds the pairs of repeat r, shuffled with Random(seed + r): no repeat runs back to back."""
-    slots = []
+    """Round r holds the pairs of repeat r, shuffled with Random(seed + r). No cell runs twice in a row:
+    where a round would start with the cell that ended the previous one, that cell swaps with the next."""
+    slots: list[Slot] = []
     for r in sorted({rep for _, rep in pairs}):
         cells = [c for c, rep in pairs if rep == r]
         random.Random(seed + r).shuffle(cells)
+        if slots and len(cells) > 1 and cells[0] == slots[-1].cell:
+            cells[0], cells[1] = cells[1], cells[0]
         slots += [Slot(cell=c, repeat=r, round=r, order_in_round=i) for i, c in enumerate(cells)]
     return slots
 

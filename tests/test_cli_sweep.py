@@ -33,13 +33,15 @@ def test_smoke_spec_end_to_end(tmp_path):
     out, err = proc.communicate(timeout=900)
     assert proc.returncode == 0, err[-3000:]
     rows = load(str(tmp_path), cluster="ci")
-    assert len(rows) == 11  # 2 baselines + 3 buckets x (gas 1 + gas 2 x no_sync both)
+    assert len(rows) == 33  # 3 rounds x (2 baselines + 3 buckets x (gas 1 + gas 2 x no_sync both))
     assert set(rows["status"]) == {"ok"}
+    assert sorted(rows.groupby("cell_id").size().unique()) == [3]
+    assert rows["group_id"].nunique() == 2 and set(rows["isolation"]) == {"group"}  # baselines; DDP cells
     assert (rows["step_ms"] > 0).all() and rows["replicas_in_sync"].all()
     expected_tps = rows["tokens_per_step"] / (rows["step_ms"] / 1e3)
     assert ((rows["tokens_per_s"] - expected_tps).abs() / expected_tps < 1e-9).all()
     single = rows[rows["mode"] == "single"]
-    assert sorted(single["gas"]) == [1, 2] and (single["world_size"] == 1).all()
+    assert sorted(single["gas"]) == [1, 1, 1, 2, 2, 2] and (single["world_size"] == 1).all()
     ddp = rows[rows["mode"] == "ddp"]
     assert (ddp["world_size"] == 2).all() and (ddp["backend"] == "gloo").all() and (ddp["num_threads"] == 1).all()
     assert (
@@ -49,7 +51,8 @@ def test_smoke_spec_end_to_end(tmp_path):
         assert rows[col].str.len().gt(0).all(), col
     assert all(len(h) == 1 for h in rows["hosts"])
     assert "OMP_NUM_THREADS" in json.loads(rows["env"].iloc[0])
-    assert out.count(" ok\n") == 11 and "best bucket" in out and "efficiency" in out
+    assert out.count(" ok\n") == 33 and "best bucket" in out and "efficiency" in out
+    assert "33 of 33 measurements to run in 2 worker group(s)" in out
     assert "Configuration for experiment" not in out  # Ray's console noise stays out of the way
 
     # the store a real Ray sweep wrote answers queries and renders a report
@@ -63,27 +66,28 @@ def test_smoke_spec_end_to_end(tmp_path):
 
 
 @pytest.mark.ray
-def test_interrupted_sweep_loses_nothing_and_resumes_only_the_rest(tmp_path):
+def test_driver_killed_mid_group_then_resume_measures_only_the_missing_pairs(tmp_path):
     spec = tmp_path / "mini.yaml"
-    spec.write_text(SMOKE.read_text().replace("bucket_cap_mb: [0.05, 0.25, 25]", "bucket_cap_mb: [25]")
+    spec.write_text(SMOKE.read_text().replace("bucket_cap_mb: [0.05, 0.25, 25]", "bucket_cap_mb: [0.25, 25]")
                     .replace("gas: [1, 2]", "gas: [1]").replace("timed_steps: 10", "timed_steps: 3"))  # fmt: skip
     results = tmp_path / "store"
     proc = ddpsweep("run", str(spec), "--results", str(results), "--sweep-id", "interrupted")
     store = Store.open(str(results))
     deadline = time.time() + 300
-    while not store.files() and time.time() < deadline:
-        time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver dies mid-sweep
+    while len(store.files()) < 5 and time.time() < deadline:  # 3 baseline rows, then the DDP group's first
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver dies in the middle of the DDP group
     proc.communicate()
-    (first,) = store.files()
-    first_mtime = os.stat(first).st_mtime_ns
+    before = {p: os.stat(p).st_mtime_ns for p in store.files()}
+    assert 5 <= len(before) < 9
     resumed = ddpsweep("run", str(spec), "--results", str(results), "--resume", "interrupted")
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err[-3000:]
-    assert "1 of 2 trials to run" in out
+    assert f"{9 - len(before)} of 9 measurements to run in 1 worker group(s)" in out
     rows = load(str(results))
-    assert len(rows) == 2 and set(rows["status"]) == {"ok"} and rows["cell_id"].is_unique
-    assert os.stat(first).st_mtime_ns == first_mtime
+    assert len(rows) == 9 and set(rows["status"]) == {"ok"}
+    assert not rows.duplicated(["cell_id", "repeat"]).any()
+    assert {p: os.stat(p).st_mtime_ns for p in before} == before  # rows written before the kill untouched
 
 
 @pytest.mark.parametrize(
@@ -110,5 +114,5 @@ def test_bad_spec_exits_2_before_ray_starts(tmp_path, text, field):
 def test_dry_run_prints_the_grid_and_writes_nothing(tmp_path):
     result = CliRunner().invoke(app, ["run", str(SMOKE), "--dry-run", "--results", str(tmp_path / "s")])
     assert result.exit_code == 0
-    assert result.output.strip().splitlines()[-1] == "11 cells x 1 repeat(s) = 11 trials"
+    assert result.output.strip().splitlines()[-1] == "11 cells x 3 repeat(s) = 33 measurements in 2 worker group(s)"
     assert not ray.is_initialized() and not (tmp_path / "s").exists()

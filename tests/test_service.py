@@ -20,7 +20,12 @@ from tests.ray_head import ray_head
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "test-token-1234"
-MINI = (ROOT / "sweeps/specs/smoke.yaml").read_text().replace("bucket_cap_mb: [0.05, 0.25, 25]", "bucket_cap_mb: [25]")
+MINI = (
+    (ROOT / "sweeps/specs/smoke.yaml")
+    .read_text()
+    .replace("bucket_cap_mb: [0.05, 0.25, 25]", "bucket_cap_mb: [25]")
+    .replace("repeats: 3", "repeats: 1")
+)
 LONG = (
     MINI.replace("timed_steps: 10", "timed_steps: 200")
     .replace("gas: [1, 2]", "gas: [1]")

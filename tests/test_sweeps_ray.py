@@ -1,4 +1,4 @@
-"""Tier 3: sweeps on a real local Ray (2 CPUs, gloo, tiny model): error rows, timeouts, resume."""
+"""Tier 3: sweeps on a real local Ray (2 CPUs, gloo, tiny model): warm groups, rounds, faults, resume."""
 
 from __future__ import annotations
 
@@ -25,13 +25,19 @@ seq_len: 32
 warmup_steps: 1
 timed_steps: 3
 workers: [2]
-bucket_cap_mb: [0.25, 25]
+bucket_cap_mb: {buckets}
+repeats: {repeats}
+isolation: {isolation}
 backend: gloo
 use_gpu: false
 collective_timeout_s: 60
 cell_timeout_s: {timeout}
 env: {{NCCL_DEBUG: WARN}}
 """
+
+
+def spec_text(buckets="[0.25, 25]", repeats=1, isolation="group", timeout=300) -> str:
+    return SPEC.format(buckets=buckets, repeats=repeats, isolation=isolation, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -44,42 +50,77 @@ def fault_file(tmp_path_factory):
     os.environ.pop(FAULT_FILE_ENV)
 
 
-def test_failing_cell_is_an_error_row_and_resume_measures_only_it(fault_file, tmp_path):
-    spec = parse_spec(SPEC.format(timeout=300))
+def assert_round_order(rows: list[dict]) -> None:
+    """Within a group, measurements ran round by round, in each round's recorded order."""
+    by_group: dict[str, list[dict]] = {}
+    for r in rows:
+        by_group.setdefault(r["group_id"], []).append(r)
+    for members in by_group.values():
+        ran = [(r["round"], r["order_in_round"]) for r in sorted(members, key=lambda r: r["started_at"])]
+        assert ran == sorted(ran)
+        for rnd in {r["round"] for r in members}:
+            orders = sorted(r["order_in_round"] for r in members if r["round"] == rnd)
+            assert orders == list(range(len(orders)))
+
+
+def test_group_measures_every_pair_in_rounds_and_a_failing_cell_is_its_own_error(fault_file, tmp_path):
+    spec = parse_spec(spec_text(repeats=2))
     baseline, good, bad = expand(spec)
-    assert (bad.mode, bad.bucket_cap_mb) == ("ddp", 25.0)
+    assert (bad.step.mode, bad.step.bucket_cap_mb) == ("ddp", 25.0)
     fault_file.write_text(f"{bad.cell_id} raise\n")
     plan = plan_sweep(spec, results=str(tmp_path))
+    assert [len(g.slots) for g in plan.groups()] == [2, 4]  # baselines; the DDP cells x 2 rounds
     first = execute(plan)
-    by_cell = {r["cell_id"]: r for r in first.rows}
-    assert len(first.rows) == 3
-    assert by_cell[bad.cell_id]["status"] == "error" and "fault injected" in by_cell[bad.cell_id]["error"]
-    assert by_cell[good.cell_id]["status"] == "ok" and by_cell[good.cell_id]["replicas_in_sync"]
-    assert json.loads(by_cell[good.cell_id]["env"])["NCCL_DEBUG"] == "WARN"  # the spec's env reached the workers
-    assert by_cell[baseline.cell_id]["status"] == "ok"
+    assert sorted((r["cell_id"], r["repeat"]) for r in first.rows) == sorted(
+        (c.cell_id, r) for c in (baseline, good, bad) for r in (0, 1)
+    )
+    for r in first.rows:
+        ok = r["cell_id"] != bad.cell_id
+        assert r["status"] == ("ok" if ok else "error"), r["error"]
+        assert ok or "fault injected" in r["error"]
+        assert not ok or (r["replicas_in_sync"] and r["step_ms"] > 0 and r["setup_ms"] > 0)
+        assert r["isolation"] == "group" and r["round"] == r["repeat"] and r["group_setup_s"] > 0
+    ddp = [r for r in first.rows if r["world_size"] == 2]
+    assert len({r["group_id"] for r in ddp}) == 1  # one warm worker group for all four DDP measurements
+    assert_round_order(first.rows)
+    assert json.loads(ddp[0]["env"])["NCCL_DEBUG"] == "WARN"  # the spec's env reached the workers
 
     store = Store.open(str(tmp_path))
     ok_files = {p: os.stat(p).st_mtime_ns for p in store.files() if bad.cell_id not in p}
     fault_file.write_text("")
     resumed = plan_sweep(spec, results=str(tmp_path), resume=plan.sweep_id)
-    assert [(c.cell_id, r) for c, r in resumed.todo] == [(bad.cell_id, 0)]
+    assert sorted((c.cell_id, r) for c, r in resumed.todo) == [(bad.cell_id, 0), (bad.cell_id, 1)]
+    assert [len(g.slots) for g in resumed.groups()] == [2]  # re-formed from what is missing
     second = execute(resumed)
-    assert [r["cell_id"] for r in second.rows] == [bad.cell_id]
+    assert sorted(r["repeat"] for r in second.rows) == [0, 1] and {r["status"] for r in second.rows} == {"ok"}
     rows = store.read_table().to_pylist()
-    assert sorted((r["cell_id"], r["repeat"]) for r in rows) == sorted((c.cell_id, 0) for c in (baseline, good, bad))
-    assert all(r["status"] == "ok" for r in rows)
+    assert len(rows) == 6 and len({(r["cell_id"], r["repeat"]) for r in rows}) == 6
     assert {p: os.stat(p).st_mtime_ns for p in ok_files} == ok_files  # finished rows untouched
     assert plan_sweep(spec, results=str(tmp_path), resume=plan.sweep_id).todo == []
 
 
-def test_hung_cell_times_out_and_the_next_cell_still_runs(fault_file, tmp_path):
-    spec = parse_spec(SPEC.format(timeout=25))
-    baseline, hung, after = expand(spec)
+def test_hung_cell_times_out_and_the_rest_of_its_group_runs_in_a_fresh_group(fault_file, tmp_path):
+    spec = parse_spec(spec_text(buckets="[0.25, 1, 25]", timeout=25))
+    plan = plan_sweep(spec, results=str(tmp_path), sweep_id="hang-1")
+    ddp_group = next(g for g in plan.groups() if g.first.world_size == 2)
+    hung = ddp_group.slots[0].cell  # the first of its round: everything else is still to measure
     fault_file.write_text(f"{hung.cell_id} hang\n")
-    outcome = execute(plan_sweep(spec, results=str(tmp_path)))
+    outcome = execute(plan)
     by_cell = {r["cell_id"]: r for r in outcome.rows}
+    assert len(outcome.rows) == 4 == len(by_cell)
     assert by_cell[hung.cell_id]["status"] == "error"
     assert "cell_timeout_s=25" in by_cell[hung.cell_id]["error"]
     assert 25 <= by_cell[hung.cell_id]["trial_wall_s"] < 60
-    assert by_cell[after.cell_id]["status"] == "ok" and by_cell[after.cell_id]["step_ms"] > 0
-    assert by_cell[baseline.cell_id]["status"] == "ok"
+    rest = [by_cell[s.cell.cell_id] for s in ddp_group.slots[1:]]
+    assert all(r["status"] == "ok" and r["step_ms"] > 0 and r["replicas_in_sync"] for r in rest)
+    assert all(r["group_id"] == f"{ddp_group.group_id}-replan" for r in rest)
+    assert by_cell[hung.cell_id]["group_id"] == ddp_group.group_id
+
+
+def test_cell_isolation_runs_one_worker_group_per_measurement(fault_file, tmp_path):
+    fault_file.write_text("")
+    spec = parse_spec(spec_text(isolation="cell"))
+    outcome = execute(plan_sweep(spec, results=str(tmp_path)))
+    assert len(outcome.rows) == 3 and {r["status"] for r in outcome.rows} == {"ok"}
+    assert len({r["group_id"] for r in outcome.rows}) == 3 and {r["isolation"] for r in outcome.rows} == {"cell"}
+    assert all(r["replicas_in_sync"] and r["step_ms"] > 0 for r in outcome.rows)

@@ -114,3 +114,67 @@ def test_resume_refuses_an_unknown_sweep_and_a_changed_grid(tmp_path):
     with pytest.raises(SpecError) as bad_label:
         plan_sweep(spec, results=str(tmp_path), cluster="../up")
     assert bad_label.value.field == "--cluster"
+
+
+def test_groups_follow_the_worker_group_shape_in_interleaved_rounds():
+    from sweeps.grid import plan_groups
+
+    spec = parse_spec("name: g\nworkers: [2]\nbucket_cap_mb: [1, 5, 25]\ngas: [1, 2]\nno_sync: [true]\nrepeats: 5")
+    cells = expand(spec)
+    pairs = [(c, r) for c in cells for r in range(5)]
+    groups = plan_groups(pairs, sweep_id="s-1")
+    assert [g.first.world_size for g in groups] == [1, 2]  # baselines form their own group
+    single, ddp = groups
+    assert len(single.slots) == 2 * 5 and len(ddp.slots) == 6 * 5
+    for g in groups:
+        assert sorted((s.cell.cell_id, s.repeat) for s in g.slots) == sorted(
+            (c.cell_id, r) for c, r in pairs if c.group_key == g.first.group_key
+        )
+        assert [s.round for s in g.slots] == sorted(s.round for s in g.slots) and all(
+            s.round == s.repeat for s in g.slots
+        )
+        ids = [s.cell.cell_id for s in g.slots]
+        assert all(a != b for a, b in zip(ids, ids[1:], strict=False))  # no cell twice in a row
+    orders = [[s.cell.cell_id for s in ddp.slots if s.round == r] for r in range(5)]
+    assert len({tuple(o) for o in orders}) > 1  # rounds are shuffled, not repeated
+    assert plan_groups(pairs, sweep_id="s-1") == groups  # the order is reproducible from the seed
+    assert [len(g.slots) for g in plan_groups(pairs, sweep_id="s-1", isolation="cell")] == [1] * 40
+
+
+def test_group_key_is_what_shapes_a_worker_group():
+    spec = parse_spec("name: k\nworkers: [2, 4]\nbucket_cap_mb: [1, 25]\ngas: [1, 4]\nno_sync: [true]")
+    keys = {c.group_key for c in expand(spec)}
+    assert keys == {(w == 1, w, 1, "auto", "tiny", 8, 64, 1337) for w in (1, 2, 4)}
+    at_one = expand(parse_spec("name: k\nworkers: [1]\nbucket_cap_mb: [1, 25]"))
+    assert len({c.group_key for c in at_one}) == 2  # ddp at world size 1 does not join the baselines
+
+
+def test_schema_holds_the_step_configuration_and_the_measurement():
+    from results.schema import CONFIGURATION, MEASUREMENT
+    from trainers.config import Measurement, StepConfig
+
+    assert [f.name for f in CONFIGURATION] == [f.name for f in dataclasses.fields(StepConfig)]
+    assert {f.name for f in MEASUREMENT} == {f.name for f in dataclasses.fields(Measurement)} | {"trial_wall_s"}
+
+
+def test_a_baseline_row_keeps_its_configuration_from_spec_to_parquet(tmp_path):
+    from datetime import UTC, datetime
+
+    from results.store import Store, load
+    from sweeps.grid import plan_groups
+    from sweeps.rows import RowContext, build_row
+
+    cells = expand(parse_spec("name: b\nbucket_cap_mb: [25]"))
+    single, ddp = plan_groups([(c, 0) for c in cells], sweep_id="b-1")
+    now = datetime.now(UTC)
+    ctx = RowContext(sweep_id="b-1", cluster="local", spec_name="b", cpus_per_worker=1.0, placement="STRICT_PACK",
+                     backend="gloo", isolation="group", group_id=ddp.group_id, order_seed=ddp.order_seed,
+                     group_started_at=now, group_setup_s=7.5)  # fmt: skip
+    store = Store.open(str(tmp_path))
+    for group in (single, ddp):
+        store.write_row(build_row(group.slots[0], ctx, started=now, wall_s=1.0, error="boom"))
+    rows = load(str(tmp_path)).set_index("mode")
+    assert rows["bucket_cap_mb"].isna()["single"] and rows["gradient_as_bucket_view"].isna()["single"]
+    assert rows.loc["ddp", "bucket_cap_mb"] == 25.0 and rows.loc["ddp", "gradient_as_bucket_view"]
+    assert rows.loc["ddp", "tokens_per_step"] == 8 * 64 * 2 and rows.loc["ddp", "group_setup_s"] == 7.5
+    assert set(rows["status"]) == {"error"} and set(rows["error"]) == {"boom"}
