@@ -4,11 +4,18 @@ Definitions (the seed post's):
   scaling efficiency   = tokens/s ÷ (world_size × baseline tokens/s)
   exposed comm (ms)    = step_ms − baseline step_ms
   overlap saved (ms)   = single-bucket (largest bucket) step_ms − best step_ms
+
+Every figure carries a 95% interval (`<figure>_ci_lo`, `<figure>_ci_hi`): a configuration's step time
+from a hierarchical bootstrap over its repeats and steps, and every derived figure computed on each
+bootstrap replicate of its inputs (see results/uncertainty.py).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
+
+from results.uncertainty import cell_replicates, interval
 
 # A measured configuration; repeats of it are aggregated (median) before any comparison.
 CONFIG_KEYS = ["cluster", "sweep_id", "model", "micro_batch", "seq_len", "mode", "world_size", "num_nodes", "gas",
@@ -18,77 +25,122 @@ CURVE_KEYS = BASELINE_KEYS + ["mode", "world_size", "num_nodes", "gas", "no_sync
 
 
 def ok_cells(rows: pd.DataFrame) -> pd.DataFrame:
-    """One line per configuration: ok rows only, median over repeats (n_repeats, worst CV kept)."""
+    """One line per configuration: ok rows only; the pooled median step over repeats with its interval,
+    n_repeats, n_steps, the worst CV, and the bootstrap replicates (`step_ms_reps`) for propagation."""
     ok = rows[rows["status"] == "ok"]
+    cols = [*CONFIG_KEYS, "step_ms", "step_ms_ci_lo", "step_ms_ci_hi", "n_repeats", "n_steps", "step_ms_reps",
+            "tokens_per_s", "step_ms_cv", "tokens_per_step", "grad_bytes"]  # fmt: skip
     if ok.empty:
-        return pd.DataFrame(columns=[*CONFIG_KEYS, "step_ms", "tokens_per_s", "step_ms_cv", "n_repeats",
-                                     "tokens_per_step", "grad_bytes"])  # fmt: skip
-    grouped = ok.groupby(CONFIG_KEYS, dropna=False)
-    out = grouped.agg(step_ms=("step_ms", "median"), tokens_per_s=("tokens_per_s", "median"),
-                      step_ms_cv=("step_ms_cv", "max"), n_repeats=("step_ms", "size"),
-                      tokens_per_step=("tokens_per_step", "first"), grad_bytes=("grad_bytes", "first"))  # fmt: skip
-    return out.reset_index()
+        return pd.DataFrame(columns=cols)
+    out = cell_replicates(ok, CONFIG_KEYS)
+    extra = ok.groupby(CONFIG_KEYS, dropna=False).agg(step_ms_cv=("step_ms_cv", "max"),
+                                                      tokens_per_step=("tokens_per_step", "first"),
+                                                      grad_bytes=("grad_bytes", "first")).reset_index()  # fmt: skip
+    out = out.merge(extra, on=CONFIG_KEYS, how="left")
+    out["tokens_per_s"] = out["tokens_per_step"] / (out["step_ms"] / 1e3)
+    return out[cols]
 
 
-def with_baseline(rows: pd.DataFrame) -> pd.DataFrame:
-    """Every distributed configuration beside its single-worker baseline at the same gas.
+def _ci(frame: pd.DataFrame, name: str, reps: pd.Series) -> None:
+    """Add `<name>_ci_lo` and `<name>_ci_hi` from a column of replicate arrays."""
+    bounds = [interval(r) if isinstance(r, np.ndarray) else (np.nan, np.nan) for r in reps]
+    frame[f"{name}_ci_lo"] = [b[0] for b in bounds]
+    frame[f"{name}_ci_hi"] = [b[1] for b in bounds]
+
+
+def _reps(frame: pd.DataFrame, column: str = "step_ms_reps") -> list:
+    return [r if isinstance(r, np.ndarray) else np.full(1, np.nan) for r in frame[column]]
+
+
+def with_baseline(rows: pd.DataFrame, keep_reps: bool = False) -> pd.DataFrame:
+    """Every distributed configuration beside its single-worker baseline at the same gas, with intervals.
 
     Where no baseline was measured at that gas, the gas-1 baseline scaled by gas stands in
     (`baseline_source = "gas1_scaled"`; tokens/s is unchanged by the scaling).
     """
     cells = ok_cells(rows)
-    single = cells[cells["mode"] == "single"][[*BASELINE_KEYS, "gas", "step_ms", "tokens_per_s"]]
+    single = cells[cells["mode"] == "single"][[*BASELINE_KEYS, "gas", "step_ms", "tokens_per_s", "step_ms_reps"]]
     dist = cells[cells["mode"] != "single"]
-    exact = single.rename(columns={"step_ms": "baseline_step_ms", "tokens_per_s": "baseline_tokens_per_s"})
+    exact = single.rename(columns={"step_ms": "baseline_step_ms", "tokens_per_s": "baseline_tokens_per_s",
+                                   "step_ms_reps": "baseline_reps"})  # fmt: skip
     out = dist.merge(exact, on=[*BASELINE_KEYS, "gas"], how="left")
     out["baseline_source"] = out["baseline_step_ms"].notna().map({True: "measured", False: None})
-    g1 = (
-        single[single["gas"] == 1]
-        .drop(columns="gas")
-        .rename(columns={"step_ms": "g1_step_ms", "tokens_per_s": "g1_tokens_per_s"})
-    )
+    g1 = single[single["gas"] == 1].drop(columns="gas")
+    g1 = g1.rename(columns={"step_ms": "g1_step_ms", "tokens_per_s": "g1_tokens_per_s", "step_ms_reps": "g1_reps"})
     out = out.merge(g1, on=BASELINE_KEYS, how="left")
     fill = out["baseline_step_ms"].isna() & out["g1_step_ms"].notna()
     out.loc[fill, "baseline_step_ms"] = out.loc[fill, "g1_step_ms"] * out.loc[fill, "gas"]
     out.loc[fill, "baseline_tokens_per_s"] = out.loc[fill, "g1_tokens_per_s"]
     out.loc[fill, "baseline_source"] = "gas1_scaled"
-    out = out.drop(columns=["g1_step_ms", "g1_tokens_per_s"])
+    out["baseline_reps"] = [g1r * gas if f else br for f, br, g1r, gas in
+                            zip(fill, out["baseline_reps"], out["g1_reps"], out["gas"], strict=True)]  # fmt: skip
+    out = out.drop(columns=["g1_step_ms", "g1_tokens_per_s", "g1_reps"])
     out["efficiency"] = out["tokens_per_s"] / (out["world_size"] * out["baseline_tokens_per_s"])
     out["exposed_comm_ms"] = out["step_ms"] - out["baseline_step_ms"]
     out["exposed_comm_frac"] = out["exposed_comm_ms"] / out["baseline_step_ms"]
-    return out
+    steps, bases = _reps(out), _reps(out, "baseline_reps")
+    # efficiency = (tokens/step / step) / (world x tokens/step/world / (gas-matched baseline step)) = base / step / 1
+    base_tokens = out["baseline_tokens_per_s"] * out["baseline_step_ms"] / 1e3  # baseline tokens per step
+    eff = [tps / (s / 1e3) / (w * bt / (b / 1e3)) for tps, s, w, bt, b in
+           zip(out["tokens_per_step"], steps, out["world_size"], base_tokens, bases, strict=True)]  # fmt: skip
+    _ci(out, "efficiency", pd.Series(eff, dtype=object))
+    _ci(out, "exposed_comm_ms", pd.Series([s - b for s, b in zip(steps, bases, strict=True)], dtype=object))
+    return out if keep_reps else out.drop(columns=["step_ms_reps", "baseline_reps"])
+
+
+def indistinguishable(grp: pd.DataFrame, best: pd.Series) -> list[float]:
+    """Buckets whose step-time interval overlaps the best bucket's: not distinguishable from it (just the
+    best where its interval is unknown)."""
+    if pd.isna(best["step_ms_ci_lo"]):
+        return [float(best["bucket_cap_mb"])]
+    same = grp[(grp["step_ms_ci_lo"] <= best["step_ms_ci_hi"]) & (grp["step_ms_ci_hi"] >= best["step_ms_ci_lo"])]
+    return sorted(float(b) for b in same["bucket_cap_mb"])
 
 
 def u_curve(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per DDP curve (world size, gas, no_sync, …): best bucket, its step, the single-bucket step, overlap saved."""
-    ddp = with_baseline(rows)
+    """Per DDP curve (world size, gas, no_sync, …): the best bucket, the buckets indistinguishable from it,
+    its step and efficiency, the single-bucket step, and the overlap saved — each with its interval."""
+    ddp = with_baseline(rows, keep_reps=True)
     ddp = ddp[(ddp["mode"] == "ddp") & ddp["bucket_cap_mb"].notna()]
     lines = []
     for key, grp in ddp.groupby(CURVE_KEYS, dropna=False):
         best = grp.loc[grp["step_ms"].idxmin()]
         largest = grp.loc[grp["bucket_cap_mb"].idxmax()]
-        lines.append({**dict(zip(CURVE_KEYS, key, strict=True)),
-                      "buckets": len(grp), "best_bucket_cap_mb": best["bucket_cap_mb"], "best_step_ms": best["step_ms"],
-                      "best_efficiency": best["efficiency"], "largest_bucket_cap_mb": largest["bucket_cap_mb"],
-                      "largest_bucket_step_ms": largest["step_ms"],
-                      "overlap_saved_ms": largest["step_ms"] - best["step_ms"],
-                      "baseline_step_ms": best["baseline_step_ms"]})  # fmt: skip
+        saved = interval(largest["step_ms_reps"] - best["step_ms_reps"])
+        line = dict(zip(CURVE_KEYS, key, strict=True)) | {
+            "buckets": len(grp),
+            "best_bucket_cap_mb": best["bucket_cap_mb"],
+            "indistinguishable_buckets_mb": indistinguishable(grp, best),
+            "largest_bucket_cap_mb": largest["bucket_cap_mb"],
+            "largest_bucket_step_ms": largest["step_ms"],
+            "overlap_saved_ms": largest["step_ms"] - best["step_ms"],
+            "overlap_saved_ms_ci_lo": saved[0],
+            "overlap_saved_ms_ci_hi": saved[1],
+            "baseline_step_ms": best["baseline_step_ms"],
+            "n_repeats": int(grp["n_repeats"].min()),
+        }
+        for name in ("step_ms", "efficiency"):
+            for suffix in ("", "_ci_lo", "_ci_hi"):
+                line[f"best_{name}{suffix}"] = best[f"{name}{suffix}"]
+        lines.append(line)
     return pd.DataFrame(lines)
 
 
 def no_sync_gain(rows: pd.DataFrame) -> pd.DataFrame:
-    """At each gas > 1: step_ms and tokens/s without vs with no_sync (same bucket and world size)."""
-    ddp = with_baseline(rows)
+    """At each gas > 1: step_ms and tokens/s without vs with no_sync (same bucket and world size), with the
+    interval of the time saved."""
+    ddp = with_baseline(rows, keep_reps=True)
     ddp = ddp[ddp["gas"] > 1]
     keys = [k for k in CURVE_KEYS if k != "no_sync"] + ["bucket_cap_mb"]
-    on = ddp[ddp["no_sync"]].set_index(keys)
+    cols = ["step_ms", "tokens_per_s", "efficiency", "step_ms_reps"]
+    on = ddp[ddp["no_sync"].astype(bool)].set_index(keys)
     off = ddp[~ddp["no_sync"].astype(bool)].set_index(keys)
-    both = off[["step_ms", "tokens_per_s", "efficiency"]].join(
-        on[["step_ms", "tokens_per_s", "efficiency"]], lsuffix="_sync", rsuffix="_no_sync", how="inner"
-    )
+    both = off[cols].join(on[cols], lsuffix="_sync", rsuffix="_no_sync", how="inner")
     both["saved_ms"] = both["step_ms_sync"] - both["step_ms_no_sync"]
+    pairs = zip(_reps(both, "step_ms_reps_sync"), _reps(both, "step_ms_reps_no_sync"), strict=True)
+    _ci(both, "saved_ms", pd.Series([a - b for a, b in pairs], index=both.index, dtype=object))
     both["tokens_per_s_gain"] = both["tokens_per_s_no_sync"] - both["tokens_per_s_sync"]
-    return both.reset_index()
+    return both.drop(columns=["step_ms_reps_sync", "step_ms_reps_no_sync"]).reset_index()
 
 
 def allreduce_bytes_per_rank(grad_bytes: float, world_size: int) -> float:

@@ -24,6 +24,23 @@ def _finish(fig: Figure, ax, **legend) -> Figure:
     return fig
 
 
+def errorbar(ax, x, y, lo, hi, fmt: str = "-o", **kw) -> str:
+    """Medians with their 95% intervals as error bars (none where an interval is unknown); the line's colour."""
+    y, lo, hi = (pd.Series(v, dtype=float).to_numpy() for v in (y, lo, hi))
+    yerr = [(y - lo), (hi - y)]
+    bars = ax.errorbar(list(x), y, yerr=[[0 if e != e else e for e in side] for side in yerr], fmt=fmt, capsize=3,
+                       **kw)  # fmt: skip
+    return bars.lines[0].get_color()
+
+
+def _mark_indistinguishable(ax, line: pd.DataFrame, color: str) -> None:
+    """Shade the buckets whose interval overlaps the best one's: the honest answer to 'which bucket?'."""
+    best = line.loc[line["step_ms"].idxmin()]
+    same = analysis.indistinguishable(line, best)
+    ax.axvspan(min(same) / 1.15, max(same) * 1.15, color=color, alpha=0.1)
+    ax.plot([best["bucket_cap_mb"]], [best["step_ms"]], "*", color=color, markersize=14)
+
+
 def u_curve_figure(rows: pd.DataFrame) -> Figure:
     """step_ms against bucket_cap_mb (log x): a panel per (cluster, gas), a line per (world size, no_sync)."""
     t = _ddp_cells(rows)
@@ -34,14 +51,16 @@ def u_curve_figure(rows: pd.DataFrame) -> Figure:
         ax, sub = axes[i][j], t[(t["cluster"] == cluster) & (t["gas"] == gas)]
         for (world, ns), line in sub.groupby(["world_size", "no_sync"]):
             line = line.sort_values("bucket_cap_mb")
-            ax.plot(line["bucket_cap_mb"], line["step_ms"], marker="o", label=f"{world} ranks, no_sync={bool(ns)}")
+            color = errorbar(ax, line["bucket_cap_mb"], line["step_ms"], line["step_ms_ci_lo"],
+                             line["step_ms_ci_hi"], label=f"{world} ranks, no_sync={bool(ns)}")  # fmt: skip
+            _mark_indistinguishable(ax, line, color)
         base = sub.dropna(subset=["baseline_step_ms"])
         if not base.empty:
             scaled = " (gas x gas-1 run)" if base["baseline_source"].iloc[0] == "gas1_scaled" else ""
             ax.axhline(base["baseline_step_ms"].iloc[0], color="grey", linestyle="--",
                        label=f"single-worker baseline{scaled}")  # fmt: skip
-        ax.set(xscale="log", xlabel="bucket_cap_mb (MB, log)", ylabel="step time (ms, median)",
-               title=f"{cluster}: gas={gas}")  # fmt: skip
+        ax.set(xscale="log", xlabel="bucket_cap_mb (MB, log)", ylabel="step time (ms, median, 95% interval)",
+               title=f"{cluster}: gas={gas} (★ best; band: indistinguishable from it)")  # fmt: skip
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -54,14 +73,16 @@ def efficiency_figure(rows: pd.DataFrame) -> Figure:
     fig, ax = plt.subplots(figsize=(6, 4))
     sizes = sorted({1, *t["world_size"].dropna().astype(int)})
     for (cluster, gas, ns), grp in t.groupby(["cluster", "gas", "no_sync"]):
-        best = grp.groupby("world_size")["efficiency"].max()
-        xs, ys = [1, *best.index], [100.0, *(best.values * 100)]  # one rank is the baseline: 100% by definition
-        ax.plot(xs, ys, marker="o", label=f"{cluster} gas={gas} no_sync={bool(ns)}")
+        best = grp.loc[grp.groupby("world_size")["efficiency"].idxmax()].sort_values("world_size")
+        xs = [1, *best["world_size"]]  # one rank is the baseline: 100% by definition
+        pct = {k: [100.0, *(best[k] * 100)] for k in ("efficiency", "efficiency_ci_lo", "efficiency_ci_hi")}
+        label = f"{cluster} gas={gas} no_sync={bool(ns)}"
+        errorbar(ax, xs, pct["efficiency"], pct["efficiency_ci_lo"], pct["efficiency_ci_hi"], label=label)
     ax.axhline(100, color="grey", linestyle="--", label="ideal")
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [str(s) for s in sizes])
     ax.set(xlabel="world size (ranks, log2)", ylabel="scaling efficiency (%)", title="Scaling efficiency (best bucket)")
-    ax.set_ylim(0, 110)
+    ax.set_ylim(0, max(110, ax.get_ylim()[1]))
     return _finish(fig, ax, loc="lower left")
 
 
@@ -70,9 +91,11 @@ def no_sync_figure(rows: pd.DataFrame) -> Figure:
     t = _ddp_cells(rows)
     fig, ax = plt.subplots(figsize=(6, 4))
     for (cluster, world, ns), grp in t.groupby(["cluster", "world_size", "no_sync"]):
-        best = grp.groupby("gas")["tokens_per_s"].max() / 1e3
-        style = "-" if ns else ":"
-        ax.plot(best.index, best.values, style, marker="o", label=f"{cluster} {world} ranks no_sync={bool(ns)}")
+        best = grp.loc[grp.groupby("gas")["tokens_per_s"].idxmax()].sort_values("gas")
+        tokens = best["tokens_per_step"] / 1e3  # ktokens per step; tokens/s = tokens / step time
+        errorbar(ax, best["gas"], best["tokens_per_s"] / 1e3, tokens / (best["step_ms_ci_hi"] / 1e3),
+                 tokens / (best["step_ms_ci_lo"] / 1e3), fmt="-o" if ns else ":o",
+                 label=f"{cluster} {world} ranks no_sync={bool(ns)}")  # fmt: skip
     ax.set(
         xlabel="gradient accumulation steps (gas)", ylabel="throughput (ktokens/s)", title="no_sync under accumulation"
     )

@@ -9,8 +9,10 @@ The sandbox has several independent walls, so that one hole is not an escape:
   3. a wall-clock limit (the connection is interrupted) and a result-size limit;
   4. error messages are scrubbed of the server's paths (working directory, home, store root).
 
-Views: `cells` (every row), `cells_vs_baseline` (distributed cells beside their single baseline,
-with efficiency and exposed communication), `u_curve` (best bucket per curve), `no_sync_gain`.
+Views: `cells` (every row, with its configuration's 95% interval: step_ms_ci_lo/hi, n_repeats,
+n_steps), `cell_intervals` (one line per configuration), `cells_vs_baseline` (distributed cells beside
+their single baseline, with efficiency and exposed communication and their intervals), `u_curve` (best
+bucket per curve and the buckets indistinguishable from it), `no_sync_gain`.
 """
 
 from __future__ import annotations
@@ -39,12 +41,24 @@ def views(root: str) -> dict[str, pd.DataFrame | object]:
     if table.num_rows == 0:
         raise StoreNotFound(f"no results under {root!r}: run a sweep first (ddpsweep run SPEC --results {root})")
     rows = table.to_pandas()
+    intervals = analysis.ok_cells(rows)[[*analysis.CONFIG_KEYS, *INTERVAL_COLUMNS]]
     return {
         "cells": table,
+        "cell_intervals": intervals,
         "cells_vs_baseline": analysis.with_baseline(rows),
         "u_curve": analysis.u_curve(rows),
         "no_sync_gain": analysis.no_sync_gain(rows),
     }
+
+
+INTERVAL_COLUMNS = ["step_ms_ci_lo", "step_ms_ci_hi", "n_repeats", "n_steps"]
+
+
+def _cells_view() -> str:
+    """`cells`: every row, with its configuration's interval (the same on every repeat of it)."""
+    on = " AND ".join(f'c."{k}" IS NOT DISTINCT FROM i."{k}"' for k in analysis.CONFIG_KEYS)
+    extra = ", ".join(f'i."{c}"' for c in INTERVAL_COLUMNS)
+    return f'CREATE VIEW "cells" AS SELECT c.*, {extra} FROM "_cells" c LEFT JOIN "_cell_intervals" i ON {on}'
 
 
 # Connection settings fixed before anything runs; the paths must be set before external access is off.
@@ -66,7 +80,9 @@ def sandboxed(frames: dict[str, object]) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect(":memory:", config=dict(_CONFIG))
     for name, frame in frames.items():
         con.register(f"_{name}", frame)
-        con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM "_{name}"')
+        if name != "cells":
+            con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM "_{name}"')
+    con.execute(_cells_view() if "cell_intervals" in frames else 'CREATE VIEW "cells" AS SELECT * FROM "_cells"')
     for statement in _LOCKDOWN:
         con.execute(statement)
     return con

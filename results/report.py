@@ -58,6 +58,24 @@ def _table(df: pd.DataFrame, columns: list[str]) -> str:
     return df[cols].to_html(index=False, float_format=lambda v: f"{v:.3g}" if abs(v) < 1 else f"{v:.1f}", na_rep="–")
 
 
+def _fmt(v: float) -> str:
+    return f"{v:.3g}" if abs(v) < 1 else f"{v:.1f}"
+
+
+def _with_intervals(df: pd.DataFrame, names: list[str]) -> pd.DataFrame:
+    """Each named figure as text 'median [lo, hi]' where its interval is known."""
+    if df.empty:
+        return df
+    out = df.copy()
+    for name in names:
+        lo, hi = out.get(f"{name}_ci_lo"), out.get(f"{name}_ci_hi")
+        if lo is None:
+            continue
+        out[name] = [_fmt(v) if pd.isna(a) else f"{_fmt(v)} [{_fmt(a)}, {_fmt(b)}]" for v, a, b in
+                     zip(out[name], lo, hi, strict=True)]  # fmt: skip
+    return out
+
+
 def render_html(rows: pd.DataFrame, title: str, algbw_bytes_per_s: float | None = None) -> str:
     """The whole report as one HTML string."""
     ok = rows[rows["status"] == "ok"]
@@ -70,14 +88,24 @@ def render_html(rows: pd.DataFrame, title: str, algbw_bytes_per_s: float | None 
         data = base64.b64encode(_png(fig)).decode()
         parts.append(f"<h2>{stem.replace('_', ' ')}</h2><img alt='{stem}' src='data:image/png;base64,{data}'>")
     curve = analysis.u_curve(rows)
-    parts += ["<h2>Best bucket per curve</h2>", _table(curve, ["cluster", "world_size", "gas", "no_sync",
-              "best_bucket_cap_mb", "best_step_ms", "best_efficiency", "largest_bucket_step_ms", "overlap_saved_ms",
-              "baseline_step_ms"])]  # fmt: skip
-    parts += ["<h2>no_sync gain</h2>", _table(analysis.no_sync_gain(rows), ["cluster", "world_size", "gas",
-              "bucket_cap_mb", "step_ms_sync", "step_ms_no_sync", "saved_ms", "tokens_per_s_gain"])]  # fmt: skip
-    parts += ["<h2>All cells</h2>", _table(analysis.with_baseline(rows), ["cluster", "sweep_id", "mode",
-              "world_size", "num_nodes", "bucket_cap_mb", "gas", "no_sync", "step_ms", "step_ms_cv", "tokens_per_s",
-              "efficiency", "exposed_comm_ms", "baseline_source", "n_repeats"])]  # fmt: skip
+    parts.append(
+        "<p>Every figure is a median with its 95% interval [lo, hi]: a hierarchical bootstrap over "
+        "repeats and steps; derived figures computed on each bootstrap replicate.</p>"
+    )
+    if not curve.empty:
+        curve = curve.assign(indistinguishable_buckets_mb=curve["indistinguishable_buckets_mb"].map(
+            lambda bs: ", ".join(f"{b:g}" for b in bs)))  # fmt: skip
+    parts += ["<h2>Best bucket per curve</h2>", _table(_with_intervals(curve, ["best_step_ms", "best_efficiency",
+              "overlap_saved_ms"]), ["cluster", "world_size", "gas", "no_sync", "best_bucket_cap_mb",
+              "indistinguishable_buckets_mb", "best_step_ms", "best_efficiency", "largest_bucket_step_ms",
+              "overlap_saved_ms", "baseline_step_ms", "n_repeats"])]  # fmt: skip
+    parts += ["<h2>no_sync gain</h2>", _table(_with_intervals(analysis.no_sync_gain(rows), ["saved_ms"]),
+              ["cluster", "world_size", "gas", "bucket_cap_mb", "step_ms_sync", "step_ms_no_sync", "saved_ms",
+               "tokens_per_s_gain"])]  # fmt: skip
+    cells = _with_intervals(analysis.with_baseline(rows), ["step_ms", "efficiency", "exposed_comm_ms"])
+    parts += ["<h2>All cells</h2>", _table(cells, ["cluster", "sweep_id", "mode", "world_size", "num_nodes",
+              "bucket_cap_mb", "gas", "no_sync", "step_ms", "tokens_per_s", "efficiency", "exposed_comm_ms",
+              "baseline_source", "n_repeats", "n_steps"])]  # fmt: skip
     errors = rows[rows["status"] == "error"]
     if not errors.empty:
         parts += ["<h2>Errors</h2>", _table(errors, ["cluster", "sweep_id", "cell_id", "mode", "world_size", "error"])]

@@ -29,7 +29,10 @@ CONFIGURATION = [
     pa.field("bucket_cap_mb", pa.float64()),  # null outside ddp
     pa.field("gradient_as_bucket_view", pa.bool_()),  # null outside ddp
     pa.field("warmup_steps", pa.int32()),
-    pa.field("timed_steps", pa.int32()),
+    pa.field("timed_steps", pa.int32()),  # fixed: the steps; adaptive: the batch size
+    pa.field("target_rel_ci", pa.float64()),  # adaptive timing's target (±fraction); null: fixed steps
+    pa.field("max_timed_steps", pa.int32()),
+    pa.field("max_cell_s", pa.float64()),
     pa.field("seed", pa.int64()),
 ]
 
@@ -69,6 +72,8 @@ MEASUREMENT = [
     pa.field("num_buckets", pa.int32()),
     pa.field("bucket_sizes_bytes", pa.list_(pa.int64())),
     pa.field("step_times_ms", pa.list_(pa.float64())),
+    pa.field("timed_steps_run", pa.int32()),  # timed steps actually taken
+    pa.field("converged", pa.bool_()),  # adaptive timing reached its target; null for fixed steps
     pa.field("replicas_in_sync", pa.bool_()),
     pa.field("trial_wall_s", pa.float64()),  # this measurement on its worker group: setup to row, no group start
 ]

@@ -47,8 +47,8 @@ def _padded(repeats: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 def bootstrap_median(repeats: list[np.ndarray], rng: np.random.Generator, n_boot: int = N_BOOT) -> np.ndarray:
     """Replicates of the pooled median: resample repeats, then steps within each, widened for few repeats."""
     repeats = [np.asarray(r, dtype=float) for r in repeats if len(r)]
-    if not repeats:
-        return np.full(n_boot, np.nan)
+    if sum(len(r) for r in repeats) < 2:
+        return np.full(n_boot, np.nan)  # one number: no information about its noise
     arr, lens = _padded(repeats)
     r, t_max = arr.shape
     pick = rng.integers(0, r, size=(n_boot, r))  # (B, R) which repeats

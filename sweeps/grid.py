@@ -16,6 +16,9 @@ from itertools import product
 from sweeps.spec import SweepSpec
 from trainers.config import StepConfig
 
+# StepConfig fields newer than the first cell ids: hashed only when they differ from their defaults
+ADDED_LATER = ("seed", "target_rel_ci", "max_timed_steps", "max_cell_s")
+
 
 def _digest(data: object, n: int = 12) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:n]
@@ -39,12 +42,14 @@ class Cell:
         """Stable hash of the configuration: the same cell always gets the same id.
 
         The hash is over the flat configuration (step fields and placement side by side) as ddpsweep
-        first stored it, so ids of stored sweeps stay valid; `seed` joins it only when not the default.
+        first stored it, so ids of stored sweeps stay valid: fields added since join it only when they
+        differ from their defaults.
         """
         flat = asdict(self.step) | {"world_size": self.world_size, "num_nodes": self.num_nodes,
                                     "backend": self.backend}  # fmt: skip
-        if flat["seed"] == StepConfig.seed:
-            del flat["seed"]
+        for name in ADDED_LATER:
+            if flat[name] == getattr(StepConfig, name):
+                del flat[name]
         return _digest(flat)
 
     @property
@@ -69,9 +74,20 @@ class Cell:
                    backend=data["backend"])  # fmt: skip
 
 
+def _timing(spec: SweepSpec) -> dict:
+    """The step's timing fields: fixed `timed_steps`, or adaptive (`auto`) in batches of AUTO_BATCH."""
+    if spec.timed_steps != "auto":
+        return {"timed_steps": spec.timed_steps}
+    return {"timed_steps": AUTO_BATCH, "target_rel_ci": spec.target_rel_ci, "max_timed_steps": spec.max_timed_steps,
+            "max_cell_s": spec.max_cell_s}  # fmt: skip
+
+
+AUTO_BATCH = 10  # adaptive timing: the first batch of timed steps, and every further one
+
+
 def _cell(spec: SweepSpec, *, mode: str, gas: int, world_size: int = 1, num_nodes: int = 1, **step) -> Cell:
     cfg = StepConfig(model=spec.model, mode=mode, micro_batch=spec.micro_batch, seq_len=spec.seq_len, gas=gas,
-                     warmup_steps=spec.warmup_steps, timed_steps=spec.timed_steps, **step)  # fmt: skip
+                     warmup_steps=spec.warmup_steps, **_timing(spec), **step)  # fmt: skip
     return Cell(step=cfg, world_size=world_size, num_nodes=num_nodes, backend=spec.backend)
 
 

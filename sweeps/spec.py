@@ -44,8 +44,16 @@ class SweepSpec:
     """Tokens per sequence."""
     warmup_steps: int = 3
     """Untimed optimizer steps per cell."""
-    timed_steps: int = 10
-    """Timed optimizer steps per cell."""
+    timed_steps: int | str = 10
+    """Timed optimizer steps per cell, or `auto`: step until the median's 95% interval is within
+    ±target_rel_ci (or max_timed_steps / max_cell_s is reached); the row records the steps and whether
+    it converged."""
+    target_rel_ci: float = 0.02
+    """`timed_steps: auto`: the target half-width of the median's interval, as a fraction of it."""
+    max_timed_steps: int = 200
+    """`timed_steps: auto`: at most this many timed steps per measurement."""
+    max_cell_s: float = 60.0
+    """`timed_steps: auto`: stop adding steps once the timed steps have taken this long (s)."""
     workers: list[int] = field(default_factory=lambda: [2])
     """Grid: total DDP ranks (world size)."""
     nodes: list[int] = field(default_factory=lambda: [1])
@@ -133,7 +141,7 @@ def _check_list(path: str, values: Any, kind: str | tuple) -> None:
 
 SCALARS = {
     "name": "label", "cluster": "label", "micro_batch": "int>=1", "seq_len": "int>=1",
-    "warmup_steps": "int>=0", "timed_steps": "int>=1", "cpus_per_worker": "num>0",
+    "warmup_steps": "int>=0", "cpus_per_worker": "num>0", "max_timed_steps": "int>=1", "max_cell_s": "num>0",
     "collective_timeout_s": "num>0", "cell_timeout_s": "num>0", "max_concurrent_trials": "int>=1",
     "repeats": "int>=1", "results": "str",
 }  # fmt: skip
@@ -146,6 +154,10 @@ LISTS = {
 def _validate(spec: SweepSpec) -> None:
     for name, kind in SCALARS.items():
         _check_scalar(name, getattr(spec, name), kind)
+    if spec.timed_steps != "auto" and not (_is_int(spec.timed_steps) and spec.timed_steps >= 1):
+        raise _fail("timed_steps", spec.timed_steps, "an integer >= 1, or auto (adaptive timing)")
+    if not (_is_num(spec.target_rel_ci) and 0 < spec.target_rel_ci < 1):
+        raise _fail("target_rel_ci", spec.target_rel_ci, "a fraction in (0, 1), e.g. 0.02 for ±2%")
     for name, kind in LISTS.items():
         _check_list(name, getattr(spec, name), kind)
     _check_choice("model", spec.model, tuple(PRESETS))

@@ -1,16 +1,19 @@
-"""Human-readable progress lines and the end-of-sweep summary."""
+"""Human-readable progress lines and the end-of-sweep summary (every figure with its 95% interval)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from results import analysis
+from results.uncertainty import rel_width
+
+WIDE_REL = 0.04  # an interval wider than ±2% of its median is listed as noisy
 
 
 def progress_line(row: dict, done: int, total: int) -> str:
     bucket = "-" if row.get("bucket_cap_mb") is None else f"{row['bucket_cap_mb']:g}"
     what = (f"{row['mode']:<6} w={row['world_size']} bucket={bucket:<5} gas={row['gas']} "
-            f"no_sync={str(row['no_sync']).lower():<5}")  # fmt: skip
+            f"no_sync={str(row['no_sync']).lower():<5} r={row.get('round', 0)}")  # fmt: skip
     if row["status"] == "ok":
         result = f"{row['step_ms']:8.2f} ms  {row['tokens_per_s'] / 1e3:8.1f} ktok/s  ok"
     else:
@@ -18,21 +21,49 @@ def progress_line(row: dict, done: int, total: int) -> str:
     return f"[{done}/{total}] {row['cell_id']} {what} {result}"
 
 
+def _ms(v: float, lo: float, hi: float) -> str:
+    return f"{v:.1f}" if pd.isna(lo) else f"{v:.1f} [{lo:.1f}, {hi:.1f}]"
+
+
+def _curve_line(grp: pd.DataFrame, best: pd.Series, same: list[float]) -> str:
+    curve = "  ".join(f"{b:g}MB:{_ms(s, lo, hi)}" if pd.notna(b) else _ms(s, lo, hi) for b, s, lo, hi in zip(
+        grp["bucket_cap_mb"], grp["step_ms"], grp["step_ms_ci_lo"], grp["step_ms_ci_hi"], strict=True))  # fmt: skip
+    if pd.isna(best["bucket_cap_mb"]):
+        bucket = "no buckets"
+    elif len(same) > 1:
+        bucket = f"best bucket {best['bucket_cap_mb']:g} MB, indistinguishable: {', '.join(f'{b:g}' for b in same)} MB"
+    else:
+        bucket = f"best bucket {best['bucket_cap_mb']:g} MB (distinguishable from every other)"
+    eff = "n/a (no baseline)"
+    if pd.notna(best["efficiency"]):
+        lo, hi = best["efficiency_ci_lo"], best["efficiency_ci_hi"]
+        eff = f"{best['efficiency']:.1%}" + ("" if pd.isna(lo) else f" [{lo:.1%}, {hi:.1%}]")
+    return f"step ms {curve} | {bucket}; efficiency {eff} (baseline {best['baseline_step_ms']:.1f} ms)"
+
+
 def summary_text(rows: pd.DataFrame) -> str:
-    """Per (workers, gas, no_sync): step_ms by bucket, the best bucket, efficiency vs the baseline."""
+    """Per (workers, gas, no_sync): step_ms by bucket with intervals, the best bucket and the ones
+    indistinguishable from it, efficiency vs the baseline; then the cells whose interval is wide."""
     table = analysis.with_baseline(rows)
     if table.empty:
         return "no distributed cell measured ok"
-    lines = []
+    lines = ["step times: median ms [95% interval over repeats and steps]"]
     for (w, g, ns, mode), grp in table.groupby(["world_size", "gas", "no_sync", "mode"]):
         grp = grp.sort_values("bucket_cap_mb")
         best = grp.loc[grp["step_ms"].idxmin()]
-        curve = "  ".join(
-            f"{b:g}MB:{s:.1f}" if pd.notna(b) else f"{s:.1f}"
-            for b, s in zip(grp["bucket_cap_mb"], grp["step_ms"], strict=True)
-        )
-        eff = f"{best['efficiency']:.1%}" if pd.notna(best["efficiency"]) else "n/a (no baseline)"
-        bucket = f"best bucket {best['bucket_cap_mb']:g} MB" if pd.notna(best["bucket_cap_mb"]) else "no buckets"
-        lines.append(f"{mode} workers={w} gas={g} no_sync={str(bool(ns)).lower()}: step ms {curve} | "
-                     f"{bucket}, efficiency {eff} (baseline {best['baseline_step_ms']:.1f} ms)")  # fmt: skip
-    return "\n".join(lines)
+        same = analysis.indistinguishable(grp, best) if pd.notna(best["bucket_cap_mb"]) else []
+        lines.append(f"{mode} workers={w} gas={g} no_sync={str(bool(ns)).lower()}: " + _curve_line(grp, best, same))
+    return "\n".join(lines + _noise_lines(rows))
+
+
+def _noise_lines(rows: pd.DataFrame) -> list[str]:
+    cells = analysis.ok_cells(rows)
+    width = [rel_width(lo, hi, m) for lo, hi, m in zip(cells["step_ms_ci_lo"], cells["step_ms_ci_hi"],
+                                                        cells["step_ms"], strict=True)]  # fmt: skip
+    wide = cells[[w > WIDE_REL for w in width]]
+    if (cells["n_repeats"] < 2).any():
+        return ["note: cells with one repeat have intervals from their steps only (no between-run noise)"]
+    if wide.empty:
+        return []
+    names = ", ".join(f"{r.mode} w={r.world_size} bucket={r.bucket_cap_mb} gas={r.gas}" for r in wide.itertuples())
+    return [f"noisy: {len(wide)} cell(s) with an interval wider than ±{WIDE_REL / 2:.0%}: {names}"]

@@ -6,6 +6,8 @@ import logging
 import os
 import re
 
+import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -107,22 +109,43 @@ def test_sandbox_holds_even_without_the_statement_filter(seed_store):
             con.execute(sql)
 
 
-def test_compare_flags_incomparable_and_insignificant(tmp_path):
+def noisy_repeats(r: dict, rng, repeats: int = 3, steps: int = 30, cv: float = 0.01) -> list[dict]:
+    """The row as `repeats` measured repeats: per-step times around its step_ms (between-run noise too)."""
+    out = []
+    for k in range(repeats):
+        level = r["step_ms"] * (1 + rng.normal(0, cv))
+        times = list(level * (1 + rng.normal(0, cv, steps)))
+        out.append(r | {"repeat": k, "step_times_ms": times, "step_ms": float(np.median(times))})
+    return out
+
+
+def test_compare_flags_incomparable_and_calls_only_real_differences(tmp_path):
+    rng = np.random.default_rng(7)
     store = Store.open(str(tmp_path))
-    for r in seed_rows(cluster="a", cv=0.01):
-        store.write_row(r)
-    for r in seed_rows(cluster="b", cv=0.01):
+    for r in seed_rows(cluster="a"):
+        for rep in noisy_repeats(r, rng):
+            store.write_row(rep)
+    for r in seed_rows(cluster="b"):
         r["step_ms"] *= 1.005 if r["bucket_cap_mb"] == 1.0 else 0.8
         if r["bucket_cap_mb"] == 500.0:
             r["nccl_version"] = "2.21.5"
-        store.write_row(r)
+        for rep in noisy_repeats(r, rng):
+            store.write_row(rep)
     out = compare(load(str(tmp_path)), "a", "b").set_index(["mode", "gas", "no_sync", "bucket_cap_mb"])
-    assert out.loc[("ddp", 1, False, 25.0), "ratio"] == pytest.approx(0.8)
-    assert bool(out.loc[("ddp", 1, False, 25.0), "significant"])
-    assert not bool(out.loc[("ddp", 1, False, 1.0), "significant"])  # 0.5% < 2% combined noise
+    fast = out.loc[("ddp", 1, False, 25.0)]
+    assert fast["ratio"] == pytest.approx(0.8, rel=0.03) and fast["ratio_ci_lo"] < fast["ratio"] < fast["ratio_ci_hi"]
+    assert fast["verdict"] == "faster" and bool(fast["significant"]) and fast["ratio_ci_hi"] < 1
+    same = out.loc[("ddp", 1, False, 1.0)]  # 0.5% apart with ~1% noise per run
+    assert same["verdict"] == "same within noise" and not bool(same["significant"])
+    assert same["ratio_ci_lo"] < 1 < same["ratio_ci_hi"]
     assert not bool(out.loc[("ddp", 1, False, 500.0), "comparable"])
     assert "nccl_version 2.27.5 vs 2.21.5" in out.loc[("ddp", 1, False, 500.0), "why"]
-    assert bool(out.loc[("ddp", 1, False, 25.0), "comparable"])
+    assert bool(fast["comparable"])
+
+
+def test_a_single_number_has_no_interval_and_no_verdict(seed_store):
+    out = compare(pd.concat([load(seed_store).assign(cluster="a"), load(seed_store).assign(cluster="b")]), "a", "b")
+    assert set(out["verdict"]) == {"unknown (no interval)"} and not out["significant"].any()
 
 
 def test_report_is_self_contained_html_and_pngs(seed_store, tmp_path):

@@ -178,3 +178,15 @@ def test_a_baseline_row_keeps_its_configuration_from_spec_to_parquet(tmp_path):
     assert rows.loc["ddp", "bucket_cap_mb"] == 25.0 and rows.loc["ddp", "gradient_as_bucket_view"]
     assert rows.loc["ddp", "tokens_per_step"] == 8 * 64 * 2 and rows.loc["ddp", "group_setup_s"] == 7.5
     assert set(rows["status"]) == {"error"} and set(rows["error"]) == {"boom"}
+
+
+def test_timed_steps_auto_becomes_adaptive_step_configs():
+    auto = expand(parse_spec("name: a\ntimed_steps: auto\ntarget_rel_ci: 0.05\nmax_timed_steps: 80"))
+    fixed = expand(parse_spec("name: a\ntimed_steps: 10"))
+    assert {(c.step.target_rel_ci, c.step.max_timed_steps, c.step.timed_steps) for c in auto} == {(0.05, 80, 10)}
+    assert {c.step.target_rel_ci for c in fixed} == {None}
+    assert {c.cell_id for c in auto}.isdisjoint({c.cell_id for c in fixed})
+    for text, field in [("timed_steps: often", "timed_steps"), ("target_rel_ci: 2", "target_rel_ci")]:
+        with pytest.raises(SpecError) as err:
+            parse_spec(f"name: a\n{text}")
+        assert err.value.field == field

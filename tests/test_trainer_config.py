@@ -84,3 +84,14 @@ def test_bench_single_mode_prints_one_json_row():
     row = json.loads(line)
     assert row["mode"] == "single" and row["world_size"] == 1 and row["num_threads"] == 1
     assert len(row["step_times_ms"]) == 3 and row["step_ms"] > 0
+
+
+def test_median_interval_is_order_statistics_and_narrows_with_more_steps():
+    from trainers.stats import median_ci, median_rel_half_width
+
+    values = [float(v) for v in range(1, 101)]  # median 50.5; 95%: ranks 50 -/+ 9.8 -> 40 .. 61
+    assert median_ci(values) == (40.0, 61.0)
+    assert median_ci([3.0, 1.0, 2.0]) == (1.0, 3.0)  # too few for order statistics: the range
+    assert median_rel_half_width([100.0] * 30) == 0.0
+    few, many = ([100.0 + (i % 7) for i in range(n)] for n in (14, 140))
+    assert median_rel_half_width(many) < median_rel_half_width(few)

@@ -214,3 +214,16 @@ def test_memory_is_released_between_packed_cells(tmp_path):
     # one leaked replica of `small` (weights, grads, AdamW state, DDP buckets) is ~40 MB, so even a quarter
     # of one per cell would grow RSS by ~380 MB over these 38 cells; the allocator's own swing is ~±50 MB
     assert max(r0[2:]) - r0[1] < 128 * 2**20, [round(r / 2**20) for r in r0]
+
+
+@pytest.mark.parametrize(("target", "cap", "steps", "converged"), [(0.9, 200, 5, True), (1e-9, 12, 12, False)])
+def test_adaptive_timing_stops_at_its_target_or_its_cap_on_every_rank(tmp_path, target, cap, steps, converged):
+    cfg = dataclasses.replace(BASE, timed_steps=5, target_rel_ci=target, max_timed_steps=cap)
+    r0, r1 = run_world(measured, 2, tmp_path, cfg)  # a rank deciding alone would hang its peer here
+    assert r1 is None and r0.converged is converged
+    assert r0.timed_steps_run == steps == len(r0.step_times_ms) and r0.replicas_in_sync
+
+
+def test_fixed_timing_is_exactly_the_steps_asked_for(tmp_path):
+    r0, _ = run_world(measured, 2, tmp_path, dataclasses.replace(BASE, timed_steps=7))
+    assert r0.timed_steps_run == 7 == len(r0.step_times_ms) and r0.converged is None

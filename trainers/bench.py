@@ -35,7 +35,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--bucket-cap-mb", type=float, default=d.bucket_cap_mb)
     ap.add_argument("--no-gradient-as-bucket-view", action="store_true")
     ap.add_argument("--warmup", type=int, default=d.warmup_steps)
-    ap.add_argument("--steps", type=int, default=d.timed_steps)
+    ap.add_argument("--steps", type=int, default=d.timed_steps, help="timed steps (adaptive: the batch size)")
+    ap.add_argument("--target-rel-ci", type=float, default=None, help="adaptive: stop at a ±fraction interval")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads per rank (default: cores / local ranks)")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     return ap.parse_args(argv)
@@ -53,6 +54,7 @@ def config_from_args(args: argparse.Namespace) -> StepConfig:
         gradient_as_bucket_view=not args.no_gradient_as_bucket_view,
         warmup_steps=args.warmup,
         timed_steps=args.steps,
+        target_rel_ci=args.target_rel_ci,
     )
 
 

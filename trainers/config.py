@@ -33,7 +33,15 @@ class StepConfig:
     warmup_steps: int = 3
     """Untimed optimizer steps before measuring."""
     timed_steps: int = 10
-    """Measured optimizer steps; each one's wall time is kept."""
+    """Measured optimizer steps; each one's wall time is kept. Adaptive (`target_rel_ci` set): the first
+    batch, and the size of every further batch until the interval is narrow enough."""
+    target_rel_ci: float | None = None
+    """Adaptive timing: keep stepping until the 95% interval of the median step is within ±this fraction
+    of it (0.02 = ±2%), or a cap is hit. None: exactly `timed_steps` steps."""
+    max_timed_steps: int = 200
+    """Adaptive timing: at most this many timed steps."""
+    max_cell_s: float = 60.0
+    """Adaptive timing: stop adding batches once the timed steps have taken this long (s)."""
     seed: int = 1337
     """Model-init seed (same on every rank); data uses seed + rank."""
 
@@ -42,7 +50,7 @@ class StepConfig:
             raise ConfigError("model", self.model, f"one of {', '.join(PRESETS)}")
         if self.mode not in MODES:
             raise ConfigError("mode", self.mode, f"one of {', '.join(MODES)}")
-        for name in ("micro_batch", "seq_len", "gas", "timed_steps"):
+        for name in ("micro_batch", "seq_len", "gas", "timed_steps", "max_timed_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(name, value, "an integer >= 1")
@@ -51,6 +59,11 @@ class StepConfig:
         block = PRESETS[self.model].block_size
         if self.seq_len > block:
             raise ConfigError("seq_len", self.seq_len, f"1..{block} (block size of {self.model})")
+        t = self.target_rel_ci
+        if t is not None and (not isinstance(t, int | float) or isinstance(t, bool) or not 0 < t < 1):
+            raise ConfigError("target_rel_ci", t, "a fraction in (0, 1), e.g. 0.02 for ±2%")
+        if isinstance(self.max_cell_s, bool) or not isinstance(self.max_cell_s, int | float) or self.max_cell_s <= 0:
+            raise ConfigError("max_cell_s", self.max_cell_s, "a number of seconds > 0")
         self._normalize()
         b = self.bucket_cap_mb
         if self.mode == "ddp" and (not isinstance(b, int | float) or isinstance(b, bool) or not b > 0):
@@ -96,6 +109,8 @@ class Measurement:
     num_buckets: int
     bucket_sizes_bytes: list[int] = field(default_factory=list)
     step_times_ms: list[float] = field(default_factory=list)
+    timed_steps_run: int = 0  # how many timed steps were taken (fixed: timed_steps)
+    converged: bool | None = None  # adaptive timing: the interval reached its target (None: fixed steps)
     replicas_in_sync: bool = True
 
     def to_dict(self) -> dict:

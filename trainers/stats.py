@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 
 
@@ -27,3 +28,20 @@ def summarize(times_ms: list[float]) -> dict[str, float]:
         "step_ms_p90": percentile(s, 90),
         "step_ms_cv": std / mean if mean else 0.0,
     }
+
+
+def median_ci(values: list[float], z: float = 1.959964) -> tuple[float, float]:
+    """Distribution-free 95% interval of the median: the order statistics n/2 ± z·√n/2 (needs n >= 6)."""
+    s = sorted(values)
+    n = len(s)
+    if n < 6:
+        return s[0], s[-1]
+    half = z * math.sqrt(n) / 2
+    lo, hi = max(0, math.floor(n / 2 - half) - 1), min(n - 1, math.ceil(n / 2 + half))
+    return s[lo], s[hi]
+
+
+def median_rel_half_width(values: list[float]) -> float:
+    """Half the width of the median's 95% interval, relative to the median (0.02 = ±2%)."""
+    lo, hi = median_ci(values)
+    return (hi - lo) / 2 / statistics.median(values)

@@ -13,7 +13,7 @@ import gc
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainers.config import Measurement, StepConfig
 from trainers.model import GPT, PRESETS, grad_bytes, n_params
-from trainers.stats import summarize
+from trainers.stats import median_rel_half_width, summarize
 
 
 @dataclass
@@ -205,15 +205,32 @@ def run_cell(
     warmup_ms = (time.perf_counter() - t0) * 1e3
     if distributed(cfg):
         dist.barrier()
-    times = time_steps(lambda: train_step(rep), cfg.timed_steps, sync)
+    times, converged = timed_phase(cfg, rep, device, sync)
     in_sync, peak = True, peak_memory_bytes(device)
     if distributed(cfg):
-        times = _gather_max(times, device)
         peak = None if peak is None else int(_gather_max([float(peak)], device)[0])
         in_sync = replicas_in_sync(rep.model, device)
         if dist.get_rank() != 0:
             return None
-    return _measurement(cfg, rep, device, times, peak, in_sync, num_threads, (setup_ms, warmup_ms))
+    m = _measurement(cfg, rep, device, times, peak, in_sync, num_threads, (setup_ms, warmup_ms))
+    return replace(m, timed_steps_run=len(times), converged=converged)
+
+
+def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Callable[[], None]):
+    """(per-step slowest-rank times in ms, converged). Fixed: `timed_steps` steps, converged None.
+    Adaptive: batches of `timed_steps` until the median's interval is within ±target_rel_ci, or
+    max_timed_steps / max_cell_s is reached. Between batches the ranks gather their times (outside any
+    timed step), so every rank takes the same decision from the same numbers."""
+    gather = (lambda t: _gather_max(t, device)) if distributed(cfg) else (lambda t: t)
+    own = time_steps(lambda: train_step(rep), cfg.timed_steps, sync)
+    if cfg.target_rel_ci is None:
+        return gather(own), None
+    while True:
+        times = gather(own)
+        converged = median_rel_half_width(times) <= cfg.target_rel_ci
+        if converged or len(times) >= cfg.max_timed_steps or sum(times) / 1e3 >= cfg.max_cell_s:
+            return times, converged
+        own += time_steps(lambda: train_step(rep), min(cfg.timed_steps, cfg.max_timed_steps - len(own)), sync)
 
 
 def _measurement(cfg: StepConfig, rep: Replica, device: torch.device, times: list[float], peak: int | None,

@@ -1,0 +1,66 @@
+"""Tier 1: the statistics behind every interval, on synthetic data with known answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from results import analysis
+from results.compare import compare
+from results.uncertainty import bootstrap_median, interval, t_factor
+from tests.seed_rows import row
+
+
+def simulated_cell(rng, true_ms: float, repeats: int, between: float, within: float, steps: int = 30):
+    """Repeats whose level varies run to run (`between`), steps that vary within a run (`within`)."""
+    return [true_ms * (1 + rng.normal(0, between)) * (1 + rng.normal(0, within, steps)) for _ in range(repeats)]
+
+
+@pytest.mark.parametrize(("repeats", "between", "low", "high"), [(5, 0.05, 0.90, 0.99), (3, 0.05, 0.89, 0.99),
+                                                                  (3, 0.0, 0.93, 1.0)])  # fmt: skip
+def test_interval_of_the_median_covers_the_truth_about_95_percent_of_the_time(repeats, between, low, high):
+    rng = np.random.default_rng(42)
+    hits = 0
+    for _ in range(200):
+        lo, hi = interval(bootstrap_median(simulated_cell(rng, 100.0, repeats, between, 0.02), rng, 800))
+        hits += lo <= 100.0 <= hi
+    assert low <= hits / 200 <= high
+
+
+def test_small_samples_widen_and_single_numbers_have_no_interval():
+    assert t_factor(3) == pytest.approx(4.303 / 1.96, rel=1e-3) and t_factor(1000) == pytest.approx(1.0, abs=0.01)
+    rng = np.random.default_rng(0)
+    assert np.isnan(interval(bootstrap_median([np.array([5.0])], rng))).all()
+
+
+def u_curve_rows(rng, means: dict[float, float], noise: float = 0.005) -> list[dict]:
+    rows = []
+    for bucket, ms in [(None, 100.0), *means.items()]:
+        mode, world = ("single", 1) if bucket is None else ("ddp", 8)
+        for k, times in enumerate(simulated_cell(rng, ms, 5, noise, noise)):
+            rows.append(row(mode, world, float(np.median(times)), bucket=bucket, repeat=k, step_times_ms=list(times)))
+    return rows
+
+
+def test_u_curve_names_exactly_the_buckets_indistinguishable_from_the_best():
+    means = {1.0: 152.7, 5.0: 150.0, 10.0: 147.2, 25.0: 147.0, 50.0: 147.1, 100.0: 155.3, 500.0: 172.0}
+    curve = analysis.u_curve(pd.DataFrame(u_curve_rows(np.random.default_rng(3), means))).iloc[0]
+    assert curve["best_bucket_cap_mb"] in (10.0, 25.0, 50.0)
+    assert curve["indistinguishable_buckets_mb"] == [10.0, 25.0, 50.0]
+    assert curve["best_step_ms_ci_lo"] < curve["best_step_ms"] < curve["best_step_ms_ci_hi"]
+    assert curve["overlap_saved_ms_ci_lo"] < curve["overlap_saved_ms"] < curve["overlap_saved_ms_ci_hi"]
+    assert curve["overlap_saved_ms_ci_lo"] > 20 and curve["overlap_saved_ms_ci_hi"] < 30  # 172 - 147 = 25
+    assert curve["best_efficiency_ci_lo"] < curve["best_efficiency"] < curve["best_efficiency_ci_hi"]
+
+
+def test_same_spec_twice_is_rarely_significant_and_a_real_difference_always_is():
+    rng = np.random.default_rng(11)
+    buckets = {float(b): 150.0 + b / 10 for b in range(1, 41)}  # 40 grid positions
+    a = pd.DataFrame(u_curve_rows(rng, buckets, noise=0.03)).assign(cluster="a")
+    b = pd.DataFrame(u_curve_rows(rng, buckets, noise=0.03)).assign(cluster="b")
+    aa = compare(pd.concat([a, b]), "a", "b")
+    assert aa["significant"].mean() <= 0.05  # the nominal false-positive rate at 95%
+    slow = pd.DataFrame(u_curve_rows(rng, {k: v * 1.10 for k, v in buckets.items()}, noise=0.03)).assign(cluster="c")
+    ab = compare(pd.concat([a, slow]), "a", "c")
+    assert (ab["verdict"] == "slower").mean() >= 0.9 and (ab["ratio"] > 1).all()
