@@ -24,10 +24,45 @@ BASELINE_KEYS = ["cluster", "sweep_id", "model", "micro_batch", "seq_len"]
 CURVE_KEYS = BASELINE_KEYS + ["mode", "world_size", "num_nodes", "gas", "no_sync", "gradient_as_bucket_view"]
 
 
+DRIFT_MIN = 0.05  # a control must move at least 5% (and beyond twice its own noise) to flag its round
+NOISY_CV = 3.0  # a row whose CV is over 3x its group's median CV (and over 5%) is flagged noisy
+
+
+def drifted_rounds(rows: pd.DataFrame) -> pd.Series:
+    """Per row: True when its round's control moved beyond its own noise, relative to the median control
+    of its group's rounds: |c_r / median - 1| > max(5%, 2 x the control's relative half-width). Needs at
+    least 3 rounds with a control (with 2 one cannot tell which moved)."""
+    flags = pd.Series(False, index=rows.index)
+    if "control_step_ms" not in rows or rows["control_step_ms"].isna().all():
+        return flags
+    for _, grp in rows.dropna(subset=["control_step_ms"]).groupby(["cluster", "sweep_id", "group_id"]):
+        per_round = grp.groupby("round")[["control_step_ms", "control_rel_ci"]].first()
+        if len(per_round) < 3:
+            continue
+        centre = per_round["control_step_ms"].median()
+        moved = (per_round["control_step_ms"] / centre - 1).abs()
+        bad = per_round.index[moved > (2 * per_round["control_rel_ci"].fillna(0)).clip(lower=DRIFT_MIN)]
+        flags[grp.index[grp["round"].isin(bad)]] = True
+    return flags
+
+
+def noisy_rows(rows: pd.DataFrame) -> pd.Series:
+    """Per row: True when its step-time CV is far above its group's (measured during interference)."""
+    ok = rows["status"] == "ok"
+    typical = rows[ok].groupby(["cluster", "sweep_id", "group_id"], dropna=False)["step_ms_cv"].transform("median")
+    return (ok & (rows["step_ms_cv"] > (NOISY_CV * typical).clip(lower=0.05))).reindex(rows.index, fill_value=False)
+
+
+def usable(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows decisions are made from: ok, replicas in sync, and not in a round whose control drifted."""
+    keep = (rows["status"] == "ok") & (rows["replicas_in_sync"] != False) & ~drifted_rounds(rows)  # noqa: E712
+    return rows[keep]
+
+
 def ok_cells(rows: pd.DataFrame) -> pd.DataFrame:
-    """One line per configuration: ok rows only; the pooled median step over repeats with its interval,
+    """One line per configuration from the usable rows: the pooled median step over repeats with its interval,
     n_repeats, n_steps, the worst CV, and the bootstrap replicates (`step_ms_reps`) for propagation."""
-    ok = rows[rows["status"] == "ok"]
+    ok = usable(rows)
     cols = [*CONFIG_KEYS, "step_ms", "step_ms_ci_lo", "step_ms_ci_hi", "n_repeats", "n_steps", "step_ms_reps",
             "tokens_per_s", "step_ms_cv", "tokens_per_step", "grad_bytes"]  # fmt: skip
     if ok.empty:

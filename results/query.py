@@ -10,9 +10,11 @@ The sandbox has several independent walls, so that one hole is not an escape:
   4. error messages are scrubbed of the server's paths (working directory, home, store root).
 
 Views: `cells` (every row, with its configuration's 95% interval: step_ms_ci_lo/hi, n_repeats,
-n_steps), `cell_intervals` (one line per configuration), `cells_vs_baseline` (distributed cells beside
-their single baseline, with efficiency and exposed communication and their intervals), `u_curve` (best
-bucket per curve and the buckets indistinguishable from it), `no_sync_gain`.
+n_steps; and its flags: `round_drifted` — its round's control moved, left out of decisions — and
+`noisy` — its CV far above its group's), `cell_intervals` (one line per configuration),
+`cells_vs_baseline` (distributed cells beside their single baseline, with efficiency and exposed
+communication and their intervals), `u_curve` (best bucket per curve and the buckets indistinguishable
+from it), `no_sync_gain`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import threading
 
 import duckdb
 import pandas as pd
+import pyarrow as pa
 
 from results import analysis
 from results.errors import QueryError, StoreNotFound
@@ -42,6 +45,8 @@ def views(root: str) -> dict[str, pd.DataFrame | object]:
         raise StoreNotFound(f"no results under {root!r}: run a sweep first (ddpsweep run SPEC --results {root})")
     rows = table.to_pandas()
     intervals = analysis.ok_cells(rows)[[*analysis.CONFIG_KEYS, *INTERVAL_COLUMNS]]
+    table = table.append_column("round_drifted", pa.array(analysis.drifted_rounds(rows).to_numpy()))
+    table = table.append_column("noisy", pa.array(analysis.noisy_rows(rows).to_numpy()))
     return {
         "cells": table,
         "cell_intervals": intervals,
@@ -129,8 +134,6 @@ def run_limited(con: duckdb.DuckDBPyConnection, sql: str, timeout_s: float, max_
 
 
 def _to_df(batches: list) -> pd.DataFrame:
-    import pyarrow as pa
-
     return pa.Table.from_batches(batches).to_pandas()
 
 

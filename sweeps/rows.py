@@ -55,7 +55,7 @@ def build_row(slot: Slot, ctx: RowContext, *, started: datetime, wall_s: float, 
     }  # fmt: skip
     if done is not None:
         row |= done.get("fingerprint", {}) | {"hosts": done.get("hosts")}
-        row |= done.get("measurement") or {}
+        row |= (done.get("measurement") or {}) | (done.get("control") or {})
         error = error or done.get("error")
         if not error and done.get("nodes") != cell.num_nodes:
             error = f"placement gave {done.get('nodes')} node(s); the cell asks for {cell.num_nodes}"

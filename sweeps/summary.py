@@ -53,7 +53,24 @@ def summary_text(rows: pd.DataFrame) -> str:
         best = grp.loc[grp["step_ms"].idxmin()]
         same = analysis.indistinguishable(grp, best) if pd.notna(best["bucket_cap_mb"]) else []
         lines.append(f"{mode} workers={w} gas={g} no_sync={str(bool(ns)).lower()}: " + _curve_line(grp, best, same))
-    return "\n".join(lines + _noise_lines(rows))
+    return "\n".join(lines + _flag_lines(rows) + _noise_lines(rows))
+
+
+def _flag_lines(rows: pd.DataFrame) -> list[str]:
+    out = []
+    drifted, noisy = analysis.drifted_rounds(rows), analysis.noisy_rows(rows)
+    if drifted.any():
+        rounds = sorted({(g, r) for g, r in zip(rows.loc[drifted, "group_id"], rows.loc[drifted, "round"],
+                                                strict=True)})  # fmt: skip
+        out.append(f"drift: {int(drifted.sum())} measurement(s) in {len(rounds)} round(s) whose control moved "
+                   f"beyond its noise are left out of the figures above: {rounds}")  # fmt: skip
+    insync = rows["replicas_in_sync"] == False  # noqa: E712
+    if insync.any():
+        out.append(f"replicas out of sync: {int(insync.sum())} measurement(s) left out of the figures above")
+    if noisy.any():
+        names = ", ".join(f"{r.cell_id} r{r.repeat}" for r in rows[noisy].itertuples())
+        out.append(f"warning: {int(noisy.sum())} measurement(s) with a CV far above their group's: {names}")
+    return out
 
 
 def _noise_lines(rows: pd.DataFrame) -> list[str]:
@@ -61,9 +78,10 @@ def _noise_lines(rows: pd.DataFrame) -> list[str]:
     width = [rel_width(lo, hi, m) for lo, hi, m in zip(cells["step_ms_ci_lo"], cells["step_ms_ci_hi"],
                                                         cells["step_ms"], strict=True)]  # fmt: skip
     wide = cells[[w > WIDE_REL for w in width]]
+    out = []
     if (cells["n_repeats"] < 2).any():
-        return ["note: cells with one repeat have intervals from their steps only (no between-run noise)"]
+        out.append("note: cells with one repeat have intervals from their steps only (no between-run noise)")
     if wide.empty:
-        return []
+        return out
     names = ", ".join(f"{r.mode} w={r.world_size} bucket={r.bucket_cap_mb} gas={r.gas}" for r in wide.itertuples())
-    return [f"noisy: {len(wide)} cell(s) with an interval wider than ±{WIDE_REL / 2:.0%}: {names}"]
+    return [*out, f"noisy: {len(wide)} cell(s) with an interval wider than ±{WIDE_REL / 2:.0%}: {names}"]

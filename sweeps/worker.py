@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from sweeps import fingerprint
 from sweeps.grid import Group, Slot
+from trainers.stats import median_rel_half_width
 from trainers.step import build_model, release, run_cell
 
 
@@ -81,6 +82,22 @@ def _warm_up_group(group: Group, device: torch.device, threads: int, template) -
     gc.freeze()
 
 
+CONTROL_STEPS = 6  # timed steps of the per-round control probe
+
+
+def _control(group: Group, device: torch.device, threads: int, template) -> dict:
+    """The round's control: the group's first cell, short and fixed, measured at the start of every round,
+    so drift and interference show up as the control moving (rank 0 gets its median and noise)."""
+    step = replace(group.first.step, warmup_steps=1, timed_steps=CONTROL_STEPS, target_rel_ci=None)
+    m = None
+    with contextlib.suppress(Exception):  # a failing cell reports its error in its own measured run
+        m = run_cell(step, device, threads, template)
+    release(device)
+    if m is None:
+        return {}
+    return {"control_step_ms": m.step_ms, "control_rel_ci": median_rel_half_width(m.step_times_ms)}
+
+
 def train_fn_per_worker(config: dict) -> None:
     """Measure every slot of the group in order; rank 0 posts start/done messages to the outbox."""
     group, outbox, threads = Group.from_dict(config["group"]), config["outbox"], config["threads"]
@@ -91,7 +108,10 @@ def train_fn_per_worker(config: dict) -> None:
     info = {"fingerprint": fingerprint.collect(device)} | hosts if rank0 else {}
     template = build_model(group.first.step, device)  # built once; every cell starts from a copy of it
     _warm_up_group(group, device, threads, template)
+    control, last_round = {}, None
     for slot in group.slots:
+        if slot.round != last_round:
+            control, last_round = _control(group, device, threads, template), slot.round
         key = [slot.cell.cell_id, slot.repeat]
         started, t0 = datetime.now(UTC).isoformat(), time.perf_counter()
         if rank0:
@@ -99,4 +119,4 @@ def train_fn_per_worker(config: dict) -> None:
         measurement, error = _measure(slot, device, threads, template)
         if rank0:
             outbox.put({"kind": "done", "key": key, "started_at": started, "wall_s": time.perf_counter() - t0,
-                        "measurement": measurement, "error": error, **info})  # fmt: skip
+                        "measurement": measurement, "error": error, "control": control, **info})  # fmt: skip

@@ -64,3 +64,30 @@ def test_same_spec_twice_is_rarely_significant_and_a_real_difference_always_is()
     slow = pd.DataFrame(u_curve_rows(rng, {k: v * 1.10 for k, v in buckets.items()}, noise=0.03)).assign(cluster="c")
     ab = compare(pd.concat([a, slow]), "a", "c")
     assert (ab["verdict"] == "slower").mean() >= 0.9 and (ab["ratio"] > 1).all()
+
+
+def rounds_with_control(controls: list[float], rel_ci: float = 0.01) -> pd.DataFrame:
+    rows = []
+    for rnd, control in enumerate(controls):
+        for bucket in (1.0, 25.0):
+            extra = {"round": rnd, "group_id": "g1", "control_step_ms": control, "control_rel_ci": rel_ci}
+            rows.append(row("ddp", 8, 150.0 + bucket, bucket=bucket, repeat=rnd, step_times_ms=[150.0] * 5, **extra))
+    return pd.DataFrame(rows)
+
+
+def test_a_round_whose_control_moved_is_flagged_and_left_out_of_decisions():
+    quiet = rounds_with_control([100.0, 101.0, 99.5, 100.5])
+    assert not analysis.drifted_rounds(quiet).any()
+    disturbed = rounds_with_control([100.0, 131.0, 99.5, 100.5])  # round 1 measured during interference
+    flags = analysis.drifted_rounds(disturbed)
+    assert list(disturbed.loc[flags, "round"].unique()) == [1]
+    assert (analysis.ok_cells(disturbed)["n_repeats"] == 3).all()  # round 1 left out
+    noisy_control = rounds_with_control([100.0, 131.0, 99.5, 100.5], rel_ci=0.2)  # moved within its own noise
+    assert not analysis.drifted_rounds(noisy_control).any()
+    assert not analysis.drifted_rounds(rounds_with_control([100.0, 131.0])).any()  # 2 rounds: cannot tell
+
+
+def test_a_row_far_noisier_than_its_group_is_flagged():
+    rows = pd.DataFrame([row("ddp", 8, 150.0, bucket=float(b), group_id="g", cv=0.01) for b in range(1, 8)])
+    rows.loc[3, "step_ms_cv"] = 0.2
+    assert list(analysis.noisy_rows(rows)) == [i == 3 for i in range(7)]

@@ -79,7 +79,9 @@ def test_group_measures_every_pair_in_rounds_and_a_failing_cell_is_its_own_error
         assert r["status"] == ("ok" if ok else "error"), r["error"]
         assert ok or "fault injected" in r["error"]
         assert not ok or (r["replicas_in_sync"] and r["step_ms"] > 0 and r["setup_ms"] > 0)
+        assert r["control_step_ms"] > 0 and r["control_rel_ci"] >= 0  # every round's control probe
         assert r["isolation"] == "group" and r["round"] == r["repeat"] and r["group_setup_s"] > 0
+        assert not ok or (r["timed_steps_run"] == 3 and r["converged"] is None)  # fixed timing
     ddp = [r for r in first.rows if r["world_size"] == 2]
     assert len({r["group_id"] for r in ddp}) == 1  # one warm worker group for all four DDP measurements
     assert_round_order(first.rows)
