@@ -142,6 +142,7 @@ def u_curve(rows: pd.DataFrame) -> pd.DataFrame:
         best = grp.loc[grp["step_ms"].idxmin()]
         largest = grp.loc[grp["bucket_cap_mb"].idxmax()]
         saved = interval(largest["step_ms_reps"] - best["step_ms_reps"])
+        single = interval(largest["step_ms_reps"] - largest["baseline_reps"])
         line = dict(zip(CURVE_KEYS, key, strict=True)) | {
             "buckets": len(grp),
             "best_bucket_cap_mb": best["bucket_cap_mb"],
@@ -152,6 +153,9 @@ def u_curve(rows: pd.DataFrame) -> pd.DataFrame:
             "overlap_saved_ms_ci_lo": saved[0],
             "overlap_saved_ms_ci_hi": saved[1],
             "baseline_step_ms": best["baseline_step_ms"],
+            "single_bucket_overhead_ms": largest["step_ms"] - largest["baseline_step_ms"],
+            "single_bucket_overhead_ms_ci_lo": single[0],
+            "single_bucket_overhead_ms_ci_hi": single[1],
             "n_repeats": int(grp["n_repeats"].min()),
         }
         for name in ("step_ms", "efficiency"):
@@ -201,7 +205,7 @@ def measured_vs_predicted(rows: pd.DataFrame, algbw_bytes_per_s: float) -> pd.Da
     cells = ok_cells(rows)
     grad = cells.groupby(BASELINE_KEYS)["grad_bytes"].max().rename("grad_bytes").reset_index()
     out = curve.merge(grad, on=BASELINE_KEYS, how="left")
-    out["measured_single_bucket_overhead_ms"] = out["largest_bucket_step_ms"] - out["baseline_step_ms"]
+    out["measured_single_bucket_overhead_ms"] = out["single_bucket_overhead_ms"]
     out["predicted_allreduce_ms"] = out["grad_bytes"].map(lambda s: predicted_allreduce_ms(s, algbw_bytes_per_s))
     out["bytes_per_rank"] = [allreduce_bytes_per_rank(s, n) for s, n in zip(out["grad_bytes"], out["world_size"],
                                                                            strict=True)]  # fmt: skip

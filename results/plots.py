@@ -108,7 +108,12 @@ def measured_vs_predicted_figure(rows: pd.DataFrame, algbw_bytes_per_s: float) -
     fig, ax = plt.subplots(figsize=(6, 4))
     labels = [f"{r.cluster}\n{r.world_size} ranks gas={r.gas}" for r in t.itertuples()]
     x = range(len(t))
-    ax.bar([i - 0.2 for i in x], t["measured_single_bucket_overhead_ms"], width=0.4, label="measured (largest bucket)")
+    measured = t["measured_single_bucket_overhead_ms"]
+    err = [
+        (measured - t["single_bucket_overhead_ms_ci_lo"]).fillna(0),
+        (t["single_bucket_overhead_ms_ci_hi"] - measured).fillna(0),
+    ]
+    ax.bar([i - 0.2 for i in x], measured, width=0.4, yerr=err, capsize=3, label="measured (largest bucket, 95%)")
     ax.bar(
         [i + 0.2 for i in x],
         t["predicted_allreduce_ms"],
