@@ -50,7 +50,8 @@ def noisy_rows(rows: pd.DataFrame) -> pd.Series:
     """Per row: True when its step-time CV is far above its group's (measured during interference)."""
     ok = rows["status"] == "ok"
     typical = rows[ok].groupby(["cluster", "sweep_id", "group_id"], dropna=False)["step_ms_cv"].transform("median")
-    return (ok & (rows["step_ms_cv"] > (NOISY_CV * typical).clip(lower=0.05))).reindex(rows.index, fill_value=False)
+    threshold = (NOISY_CV * typical).clip(lower=0.05).reindex(rows.index)
+    return ok & (rows["step_ms_cv"] > threshold)
 
 
 def usable(rows: pd.DataFrame) -> pd.DataFrame:
@@ -64,16 +65,15 @@ def ok_cells(rows: pd.DataFrame) -> pd.DataFrame:
     n_repeats, n_steps, the worst CV, and the bootstrap replicates (`step_ms_reps`) for propagation."""
     ok = usable(rows)
     cols = [*CONFIG_KEYS, "step_ms", "step_ms_ci_lo", "step_ms_ci_hi", "n_repeats", "n_steps", "step_ms_reps",
-            "tokens_per_s", "step_ms_cv", "tokens_per_step", "grad_bytes"]  # fmt: skip
+            "tokens_per_s", "step_ms_cv", "tokens_per_step", "grad_bytes", "bucket_sizes_bytes"]  # fmt: skip
     if ok.empty:
         return pd.DataFrame(columns=cols)
     out = cell_replicates(ok, CONFIG_KEYS)
-    extra = ok.groupby(CONFIG_KEYS, dropna=False).agg(step_ms_cv=("step_ms_cv", "max"),
-                                                      tokens_per_step=("tokens_per_step", "first"),
-                                                      grad_bytes=("grad_bytes", "first")).reset_index()  # fmt: skip
+    firsts = {c: "first" for c in ("tokens_per_step", "grad_bytes", "bucket_sizes_bytes") if c in ok}
+    extra = ok.groupby(CONFIG_KEYS, dropna=False).agg({"step_ms_cv": "max", **firsts}).reset_index()
     out = out.merge(extra, on=CONFIG_KEYS, how="left")
     out["tokens_per_s"] = out["tokens_per_step"] / (out["step_ms"] / 1e3)
-    return out[cols]
+    return out.reindex(columns=cols)
 
 
 def _ci(frame: pd.DataFrame, name: str, reps: pd.Series) -> None:

@@ -125,3 +125,24 @@ def measured_vs_predicted_figure(rows: pd.DataFrame, algbw_bytes_per_s: float) -
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def calibration_figure(calibration: pd.DataFrame) -> Figure:
+    """busbw against message size (log x), a line per fit, with the α–β model's prediction dashed."""
+    from results import costmodel
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for _, fit in costmodel.fits(calibration).iterrows():
+        n = fit["world_size"]
+        sizes, ms = fit["curve_bytes"], fit["curve_ms"]
+        busbw = sizes / (ms / 1e3) * 2 * (n - 1) / n / 1e9
+        label = f"{fit['cluster']} {n} ranks/{fit['num_nodes']} node(s) {fit['backend']}"
+        line = ax.plot(sizes, busbw, "o-", label=label)[0]
+        line_fit = fit.copy()
+        line_fit["uses"] = "fit"  # draw the α–β line itself, even where the report uses the measured curve
+        model = sizes / (costmodel.predict_ms(line_fit, sizes) / 1e3) * 2 * (n - 1) / n / 1e9
+        ax.plot(sizes, model, "--", color=line.get_color(),
+                label=f"α={fit['alpha_ms'] * 1e3:.0f} µs, β={fit['beta_gbps']:.2f} GB/s algbw")  # fmt: skip
+    ax.set(xscale="log", xlabel="message size (bytes, log)", ylabel="busbw (GB/s)",
+           title="All-reduce bandwidth by size (measured, and the α–β fit dashed)")  # fmt: skip
+    return _finish(fig, ax)

@@ -14,7 +14,8 @@ n_steps; and its flags: `round_drifted` — its round's control moved, left out 
 `noisy` — its CV far above its group's), `cell_intervals` (one line per configuration),
 `cells_vs_baseline` (distributed cells beside their single baseline, with efficiency and exposed
 communication and their intervals), `u_curve` (best bucket per curve and the buckets indistinguishable
-from it), `no_sync_gain`.
+from it), `no_sync_gain`, `calibration` (all-reduce time by size on a group's own ranks) and
+`alpha_beta` (the α–β fit per cluster, sweep, world size, nodes and backend).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
-from results import analysis
+from results import analysis, costmodel
 from results.errors import QueryError, StoreNotFound
 from results.store import Store
 
@@ -47,8 +48,12 @@ def views(root: str) -> dict[str, pd.DataFrame | object]:
     intervals = analysis.ok_cells(rows)[[*analysis.CONFIG_KEYS, *INTERVAL_COLUMNS]]
     table = table.append_column("round_drifted", pa.array(analysis.drifted_rounds(rows).to_numpy()))
     table = table.append_column("noisy", pa.array(analysis.noisy_rows(rows).to_numpy()))
+    calibration = store.read_calibration().to_pandas()
+    fits = costmodel.fits(calibration)
     return {
         "cells": table,
+        "calibration": calibration,
+        "alpha_beta": fits.drop(columns=["curve_bytes", "curve_ms"], errors="ignore"),
         "cell_intervals": intervals,
         "cells_vs_baseline": analysis.with_baseline(rows),
         "u_curve": analysis.u_curve(rows),

@@ -19,9 +19,12 @@ table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px soli
 th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee;margin:0.5em 0}h2{margin-top:1.5em}"""
 
 
-def figures(rows: pd.DataFrame, algbw_bytes_per_s: float | None = None) -> dict[str, Figure]:
+def figures(rows: pd.DataFrame, algbw_bytes_per_s: float | None = None,
+            calibration: pd.DataFrame | None = None) -> dict[str, Figure]:  # fmt: skip
     """The report's figures by file stem (only those the rows can support)."""
     out = {}
+    if calibration is not None and not calibration.empty:
+        out["calibration"] = plots.calibration_figure(calibration)
     ddp = rows[(rows["status"] == "ok") & (rows["mode"] == "ddp")]
     if not ddp.empty:
         out["u_curve"] = plots.u_curve_figure(rows)
@@ -40,11 +43,12 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def write_pngs(rows: pd.DataFrame, out_dir: str | Path, algbw_bytes_per_s: float | None = None) -> list[Path]:
+def write_pngs(rows: pd.DataFrame, out_dir: str | Path, algbw_bytes_per_s: float | None = None,
+               calibration: pd.DataFrame | None = None) -> list[Path]:  # fmt: skip
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for stem, fig in figures(rows, algbw_bytes_per_s).items():
+    for stem, fig in figures(rows, algbw_bytes_per_s, calibration).items():
         path = out / f"{stem}.png"
         path.write_bytes(_png(fig))
         paths.append(path)
@@ -76,15 +80,34 @@ def _with_intervals(df: pd.DataFrame, names: list[str]) -> pd.DataFrame:
     return out
 
 
-def render_html(rows: pd.DataFrame, title: str, algbw_bytes_per_s: float | None = None) -> str:
-    """The whole report as one HTML string."""
+def calibration_tables(rows: pd.DataFrame, calibration: pd.DataFrame) -> list[str]:
+    """The α–β fits, and each DDP cell's measured step beside what its own cluster's calibration predicts."""
+    from results import costmodel
+
+    fits = costmodel.fits(calibration)
+    pred = costmodel.predictions(analysis.with_baseline(rows, keep_reps=True), calibration)
+    parts = ["<h2>Calibration: the α–β model per group of ranks</h2>", _table(fits.assign(
+        alpha_us=fits["alpha_ms"] * 1e3), ["cluster", "world_size", "num_nodes", "backend", "alpha_us", "beta_gbps",
+        "max_rel_residual", "n_sizes", "uses"])]  # fmt: skip
+    if pred.empty:
+        return parts
+    pred["single_bucket_ratio"] = pred["single_bucket_overhead_ms"] / pred["predicted_single_bucket_ms"]
+    return [*parts, "<h2>Measured vs predicted (the sweep's own calibration)</h2>", _table(
+        _with_intervals(pred, ["step_ms", "exposed_comm_ms"]), ["cluster", "world_size", "gas", "no_sync",
+        "bucket_cap_mb", "step_ms", "baseline_step_ms", "predicted_allreduce_ms", "no_overlap_bound_ms",
+        "exposed_comm_ms", "predicted_single_bucket_ms"])]  # fmt: skip
+
+
+def render_html(rows: pd.DataFrame, title: str, algbw_bytes_per_s: float | None = None,
+                calibration: pd.DataFrame | None = None) -> str:  # fmt: skip
+    """The whole report as one HTML string (the sweep's own calibration used where there is one)."""
     ok = rows[rows["status"] == "ok"]
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
              f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
              f"<p>{len(rows)} rows ({len(rows) - len(ok)} errors) from clusters "
              f"{html.escape(', '.join(sorted(rows['cluster'].unique())))}; generated "
              f"{datetime.now(UTC):%Y-%m-%d %H:%M UTC}.</p>"]  # fmt: skip
-    for stem, fig in figures(rows, algbw_bytes_per_s).items():
+    for stem, fig in figures(rows, algbw_bytes_per_s, calibration).items():
         data = base64.b64encode(_png(fig)).decode()
         parts.append(f"<h2>{stem.replace('_', ' ')}</h2><img alt='{stem}' src='data:image/png;base64,{data}'>")
     curve = analysis.u_curve(rows)
@@ -106,6 +129,8 @@ def render_html(rows: pd.DataFrame, title: str, algbw_bytes_per_s: float | None 
     parts += ["<h2>All cells</h2>", _table(cells, ["cluster", "sweep_id", "mode", "world_size", "num_nodes",
               "bucket_cap_mb", "gas", "no_sync", "step_ms", "tokens_per_s", "efficiency", "exposed_comm_ms",
               "baseline_source", "n_repeats", "n_steps"])]  # fmt: skip
+    if calibration is not None and not calibration.empty:
+        parts += calibration_tables(rows, calibration)
     errors = rows[rows["status"] == "error"]
     if not errors.empty:
         parts += ["<h2>Errors</h2>", _table(errors, ["cluster", "sweep_id", "cell_id", "mode", "world_size", "error"])]

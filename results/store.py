@@ -19,7 +19,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from results.errors import StoreNotFound, UnknownSelection
-from results.schema import SCHEMA, conform, row_table
+from results.schema import CALIBRATION, SCHEMA, conform, conform_to, row_table
 
 log = logging.getLogger(__name__)
 LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -62,23 +62,45 @@ class Store:
     def write_row(self, row: dict) -> str:
         """Write one row atomically (temporary name, then rename). Returns the file's path."""
         table = row_table(row)
-        folder = self.sweep_dir(row["cluster"], row["sweep_id"])
         name = f"{_require_label('cell', row['cell_id'])}-r{int(row['repeat'])}.parquet"
+        return self._write_atomic(self.sweep_dir(row["cluster"], row["sweep_id"]), name,
+                                  lambda out: pq.write_table(table, out))  # fmt: skip
+
+    def _write_atomic(self, folder: str, name: str, write) -> str:
+        """`write(stream)` into a hidden temporary file, then rename it to `name`: readers never see half."""
         self.fs.create_dir(folder, recursive=True)
         tmp = f"{folder}/.{name}.{uuid.uuid4().hex[:8]}.tmp"
         with self.fs.open_output_stream(tmp) as out:
-            pq.write_table(table, out)
+            write(out)
         self.fs.move(tmp, f"{folder}/{name}")  # atomic rename on local and POSIX-like filesystems
         return f"{folder}/{name}"
 
+    def write_calibration(self, rows: list[dict]) -> str:
+        """A group's calibration rows as one new file `_calibration-<group>-<random>.parquet` in its sweep's
+        folder (a leading '_' keeps it out of the cell rows; a resumed group adds a file, never replaces one)."""
+        first = rows[0]
+        folder = self.sweep_dir(first["cluster"], first["sweep_id"])
+        name = f"_calibration-{_require_label('group', first['group_id'])}-{uuid.uuid4().hex[:6]}.parquet"
+        table = pa.Table.from_pylist([{f.name: r.get(f.name) for f in CALIBRATION} for r in rows], schema=CALIBRATION)
+        return self._write_atomic(folder, name, lambda out: pq.write_table(table, out))
+
+    def read_calibration(self, cluster: str | None = None, sweep: str | None = None) -> pa.Table:
+        """Every calibration row under the root (optionally one cluster / sweep), in CALIBRATION."""
+        base = self.root if cluster is None else f"{self.root}/cluster={_require_label('cluster', cluster)}"
+        infos = self.fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+        tables = []
+        for info in infos:
+            if info.base_name.startswith("_calibration-") and (sweep is None or f"/sweep={sweep}/" in info.path):
+                try:
+                    tables.append(conform_to(pq.read_table(info.path, filesystem=self.fs), CALIBRATION))
+                except (pa.ArrowException, OSError) as e:
+                    log.warning("skipping unreadable calibration file %s: %s", info.path, e)
+        return pa.concat_tables(tables) if tables else CALIBRATION.empty_table()
+
     def write_manifest(self, cluster: str, sweep_id: str, manifest: dict) -> None:
         """The sweep's plan (`_sweep.json`, ignored by readers of rows), written atomically."""
-        folder = self.sweep_dir(cluster, sweep_id)
-        self.fs.create_dir(folder, recursive=True)
-        tmp = f"{folder}/._sweep.json.{uuid.uuid4().hex[:8]}.tmp"
-        with self.fs.open_output_stream(tmp) as out:
-            out.write(json.dumps(manifest, indent=1, default=str).encode())
-        self.fs.move(tmp, f"{folder}/_sweep.json")
+        text = json.dumps(manifest, indent=1, default=str).encode()
+        self._write_atomic(self.sweep_dir(cluster, sweep_id), "_sweep.json", lambda out: out.write(text))
 
     def read_manifest(self, cluster: str, sweep_id: str) -> dict | None:
         path = f"{self.sweep_dir(cluster, sweep_id)}/_sweep.json"
@@ -138,3 +160,8 @@ def load(root: str, cluster: str | None = None, sweep: str | None = None) -> pd.
     if sweep is not None and sweep not in sweeps:
         raise UnknownSelection(f"sweep {sweep!r} is not in {root!r}; sweeps: {', '.join(sweeps)}")
     return store.read_table(cluster, sweep).to_pandas()
+
+
+def load_calibration(root: str, cluster: str | None = None, sweep: str | None = None) -> pd.DataFrame:
+    """The store's calibration rows (all-reduce time by size on a group's own ranks) as a DataFrame."""
+    return Store.open(root).read_calibration(cluster, sweep).to_pandas()

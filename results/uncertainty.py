@@ -73,7 +73,8 @@ def interval(reps: np.ndarray) -> tuple[float, float]:
 def repeats_of(group: pd.DataFrame) -> list[np.ndarray]:
     """Each row's per-step times (ms); a row without them stands for one step at its median."""
     out = []
-    for times, median in zip(group["step_times_ms"], group["step_ms"], strict=True):
+    per_step = group["step_times_ms"] if "step_times_ms" in group else [None] * len(group)
+    for times, median in zip(per_step, group["step_ms"], strict=True):
         has_times = times is not None and len(times) > 0
         out.append(np.asarray(times, dtype=float) if has_times else np.array([median], dtype=float))
     return out
@@ -91,7 +92,7 @@ def cell_replicates(rows: pd.DataFrame, keys: list[str], seed: int = 0) -> pd.Da
         pooled = np.concatenate(reps)
         lines.append({**dict(zip(keys, key, strict=True)), "step_ms": float(np.median(pooled)),
                       "step_ms_ci_lo": lo, "step_ms_ci_hi": hi, "n_repeats": len(reps),
-                      "n_steps": int(sum(len(t) for t in grp["step_times_ms"] if t is not None)),
+                      "n_steps": int(sum(len(t) for t in grp.get("step_times_ms", []) if t is not None)),
                       "step_ms_reps": boot})  # fmt: skip
     return pd.DataFrame(lines)
 

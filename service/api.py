@@ -25,7 +25,7 @@ from results import compare as compare_mod
 from results import query as query_mod
 from results.errors import QueryError, ResultsError, StoreNotFound, UnknownSelection
 from results.report import render_html
-from results.store import load, valid_label
+from results.store import load, load_calibration, valid_label
 from service import jobs
 from trainers.errors import ConfigError, DDPSweepError
 
@@ -233,4 +233,6 @@ def add_result_routes(app: FastAPI, settings: ServiceSettings, auth) -> None:
     @app.get("/report", response_class=HTMLResponse, summary="The self-contained HTML report")
     def report(cluster: str | None = None, sweep: str | None = None) -> str:
         rows = load(settings.results, cluster=_label("cluster", cluster), sweep=_label("sweep", sweep))
-        return render_html(rows, f"ddpsweep report: {cluster or 'all clusters'}{' / ' + sweep if sweep else ''}")
+        calibration = load_calibration(settings.results, cluster, sweep)
+        title = f"ddpsweep report: {cluster or 'all clusters'}{' / ' + sweep if sweep else ''}"
+        return render_html(rows, title, calibration=calibration)

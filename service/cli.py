@@ -134,18 +134,20 @@ def report(
     import pandas as pd
 
     from results.report import render_html, write_pngs
-    from results.store import load
+    from results.store import load, load_calibration
 
     try:
         if fmt not in ("html", "png"):
             raise ConfigError("--format", fmt, "html or png")
         rows = pd.concat([load(results, cluster=c, sweep=sweep) for c in (cluster or [None])], ignore_index=True)
         algbw = algbw_gbps * 1e9 if algbw_gbps else None
+        calibration = pd.concat([load_calibration(results, c, sweep) for c in (cluster or [None])])
         if fmt == "png":
-            for path in write_pngs(rows, out, algbw):
+            for path in write_pngs(rows, out, algbw, calibration):
                 typer.echo(str(path))
             return
-        Path(out).write_text(render_html(rows, f"ddpsweep report: {', '.join(cluster or ['all clusters'])}", algbw))
+        title = f"ddpsweep report: {', '.join(cluster or ['all clusters'])}"
+        Path(out).write_text(render_html(rows, title, algbw, calibration))
         typer.echo(out)
     except (ConfigError, ResultsError) as e:
         raise fail(str(e)) from None

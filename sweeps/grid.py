@@ -124,6 +124,7 @@ class Group:
     isolation: str  # group | cell
     order_seed: int  # seeds the shuffle of every round
     slots: tuple[Slot, ...]
+    calibrate: bool = False  # an all-reduce sweep on the group's ranks before its first cell
 
     @property
     def first(self) -> Cell:
@@ -137,13 +138,15 @@ class Group:
     def to_dict(self) -> dict:
         slots = [{"cell": s.cell.to_dict(), "repeat": s.repeat, "round": s.round, "order": s.order_in_round}
                  for s in self.slots]  # fmt: skip
-        return {"group_id": self.group_id, "isolation": self.isolation, "order_seed": self.order_seed, "slots": slots}
+        return {"group_id": self.group_id, "isolation": self.isolation, "order_seed": self.order_seed,
+                "slots": slots, "calibrate": self.calibrate}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict) -> Group:
         slots = tuple(Slot(cell=Cell.from_dict(s["cell"]), repeat=s["repeat"], round=s["round"],
                            order_in_round=s["order"]) for s in data["slots"])  # fmt: skip
-        return cls(group_id=data["group_id"], isolation=data["isolation"], order_seed=data["order_seed"], slots=slots)
+        return cls(group_id=data["group_id"], isolation=data["isolation"], order_seed=data["order_seed"],
+                   slots=slots, calibrate=data.get("calibrate", False))  # fmt: skip
 
 
 def _rounds(pairs: list[tuple[Cell, int]], seed: int) -> list[Slot]:
@@ -159,8 +162,10 @@ def _rounds(pairs: list[tuple[Cell, int]], seed: int) -> list[Slot]:
     return slots
 
 
-def plan_groups(pairs: list[tuple[Cell, int]], *, sweep_id: str, isolation: str = "group") -> list[Group]:
-    """The pairs as groups: one per worker-group shape (`group`), or one per pair (`cell`)."""
+def plan_groups(pairs: list[tuple[Cell, int]], *, sweep_id: str, isolation: str = "group",
+                calibrate: bool = False) -> list[Group]:  # fmt: skip
+    """The pairs as groups: one per worker-group shape (`group`), or one per pair (`cell`). With
+    `calibrate`, every multi-rank group (the first of each shape under `cell`) starts with a calibration."""
     by_key: dict[tuple, list[tuple[Cell, int]]] = {}
     for cell, repeat in pairs:
         by_key.setdefault(cell.group_key, []).append((cell, repeat))
@@ -169,11 +174,13 @@ def plan_groups(pairs: list[tuple[Cell, int]], *, sweep_id: str, isolation: str 
         key_id = _digest([sweep_id, list(key)], 8)
         seed = int(key_id, 16)
         slots = _rounds(members, seed)
+        cal = calibrate and members[0][0].world_size > 1
         if isolation == "group":
-            groups.append(Group(group_id=key_id, isolation=isolation, order_seed=seed, slots=tuple(slots)))
+            groups.append(Group(group_id=key_id, isolation=isolation, order_seed=seed, slots=tuple(slots),
+                                calibrate=cal))  # fmt: skip
         else:
-            groups += [Group(group_id=f"{key_id}-{i}", isolation=isolation, order_seed=seed, slots=(s,))
-                       for i, s in enumerate(slots)]  # fmt: skip
+            groups += [Group(group_id=f"{key_id}-{i}", isolation=isolation, order_seed=seed, slots=(s,),
+                             calibrate=cal and i == 0) for i, s in enumerate(slots)]  # fmt: skip
     return groups
 
 

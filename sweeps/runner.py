@@ -46,7 +46,9 @@ class SweepPlan:
 
     def groups(self) -> list[Group]:
         """The pending pairs as worker groups (re-formed from what is missing on --resume)."""
-        return plan_groups(self.todo, sweep_id=self.sweep_id, isolation=self.spec.isolation)
+        return plan_groups(
+            self.todo, sweep_id=self.sweep_id, isolation=self.spec.isolation, calibrate=self.spec.calibrate
+        )
 
 
 @dataclass
@@ -84,9 +86,9 @@ def plan_sweep(spec: SweepSpec, *, results: str | None = None, cluster: str | No
     return SweepPlan(spec, resume, cluster, store, cells, todo)
 
 
-def _decode_row(text: str) -> dict:
-    row = json.loads(text)
-    for key in ("started_at", "finished_at", "group_started_at"):
+def _decode_row(text: str | dict) -> dict:
+    row = json.loads(text) if isinstance(text, str) else dict(text)
+    for key in ("started_at", "finished_at", "group_started_at", "measured_at"):
         if row.get(key):
             row[key] = datetime.fromisoformat(row[key])
     return row
@@ -99,6 +101,7 @@ class RowWriter(tune.Callback):
     def __init__(self, store: Store, options: TrialOptions, progress: ProgressFn) -> None:
         self.store, self.options, self.progress = store, options, progress
         self.rows: list[dict] = []
+        self.calibrations = 0
         self._done: set[tuple[str, int]] = set()
 
     def _write(self, row: dict) -> None:
@@ -113,6 +116,10 @@ class RowWriter(tune.Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info):
         if "row" in result:
             self._write(_decode_row(result["row"]))
+        if "calibration" in result:
+            rows = [_decode_row(r) for r in json.loads(result["calibration"])]
+            self.store.write_calibration(rows)
+            self.calibrations += 1
 
     def on_trial_error(self, iteration, trials, trial, **info):
         group = Group.from_dict(trial.config["group"])

@@ -84,6 +84,9 @@ class SweepSpec:
     """Cells measured at once (1: cells never contend for the same links)."""
     repeats: int = 1
     """Rounds: each measures every cell once, in a shuffled order, so between-run noise is visible."""
+    calibrate: bool = False
+    """Start every multi-rank worker group with an all-reduce sweep over message sizes on its own ranks
+    (and a parameter broadcast); rows go to the `calibration` table."""
     isolation: str = "group"
     """`group`: cells that share a worker-group shape run on one warm TorchTrainer, a fresh DDP wrapper
     each; `cell`: one TorchTrainer per (cell, repeat) (process isolation, the slow control)."""
@@ -164,6 +167,7 @@ def _validate(spec: SweepSpec) -> None:
     _check_choice("backend", spec.backend, BACKENDS)
     _check_choice("placement", spec.placement, PLACEMENTS)
     _check_choice("isolation", spec.isolation, ISOLATIONS)
+    _check_scalar("calibrate", spec.calibrate, "bool")
     if spec.use_gpu != "auto" and not isinstance(spec.use_gpu, bool):
         raise _fail("use_gpu", spec.use_gpu, "auto, true or false")
     if spec.seq_len > PRESETS[spec.model].block_size:

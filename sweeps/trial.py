@@ -87,6 +87,8 @@ class GroupRun:
         self.ref = fit_task.options(scheduling_strategy=here).remote(group.to_dict(), asdict(opts), self.outbox)
 
     def _on_message(self, msg: dict) -> dict | None:
+        if msg["kind"] == "calibration":
+            return {"calibration": calibration_rows(msg, self.ctx, self.group.first)}
         slot = self.slots[tuple(msg["key"])]
         t = time.perf_counter()
         if msg["kind"] == "start":
@@ -138,14 +140,24 @@ def _fit_error(ref: ray.ObjectRef) -> str | None:
 
 
 def _each(rows: Generator[dict, None, str | None], written: set) -> Generator[dict, None, str | None]:
-    """Pass `rows` through, noting each (cell_id, repeat) in `written`; return the generator's value."""
+    """Pass `rows` through, noting each cell row's (cell_id, repeat) in `written`; return the generator's value."""
     while True:
         try:
             row = next(rows)
         except StopIteration as stop:
             return stop.value
-        written.add((row["cell_id"], row["repeat"]))
+        if "cell_id" in row:
+            written.add((row["cell_id"], row["repeat"]))
         yield row
+
+
+def calibration_rows(msg: dict, ctx: RowContext, cell: Cell) -> list[dict]:
+    """The calibration table's rows (results/schema.py CALIBRATION) from rank 0's message."""
+    common = {"sweep_id": ctx.sweep_id, "cluster": ctx.cluster, "group_id": ctx.group_id,
+              "world_size": cell.world_size, "num_nodes": cell.num_nodes, "workers_per_node": cell.workers_per_node,
+              "backend": ctx.backend, "accelerator": msg.get("fingerprint", {}).get("accelerator", ""),
+              "hosts": msg.get("hosts"), "measured_at": now()}  # fmt: skip
+    return [common | r for r in msg["rows"]]
 
 
 def run_group(group: Group, opts: TrialOptions) -> Iterator[dict]:
@@ -174,4 +186,7 @@ def trial_fn(config: dict) -> None:
     group = Group.from_dict(config["group"])
     opts = TrialOptions(**config["options"])
     for row in run_group(group, opts):
-        ray.tune.report({"row": json.dumps(row, default=str)})
+        if "calibration" in row:
+            ray.tune.report({"calibration": json.dumps(row["calibration"], default=str)})
+        else:
+            ray.tune.report({"row": json.dumps(row, default=str)})

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from sweeps import fingerprint
 from sweeps.grid import Group, Slot
+from trainers.collectives import allreduce_sweep, broadcast_time, sizes_up_to
 from trainers.stats import median_rel_half_width
 from trainers.step import build_model, release, run_cell
 
@@ -98,6 +99,19 @@ def _control(group: Group, device: torch.device, threads: int, template) -> dict
     return {"control_step_ms": m.step_ms, "control_rel_ci": median_rel_half_width(m.step_times_ms)}
 
 
+CPU_CALIBRATION_MAX_BYTES = 64 * 2**20  # fewer, smaller sizes on CPU
+
+
+def _calibrate(group: Group, device: torch.device, template) -> dict:
+    """An all-reduce sweep from 4 KB up to the model's gradient bytes (at least), and the parameter
+    broadcast, on this group's ranks; rank 0 gets {"kind": "calibration", "rows": [...]}."""
+    grad = sum(p.numel() * p.element_size() for p in template.parameters())  # bytes
+    top = grad if device.type == "cuda" else min(max(grad, 1 << 20), CPU_CALIBRATION_MAX_BYTES)
+    rows = allreduce_sweep(sizes_up_to(top), device, iters=20 if device.type == "cuda" else 10)
+    bcast = broadcast_time(template, device)
+    return {"kind": "calibration", "rows": [*rows, bcast]} if rows else {}
+
+
 def train_fn_per_worker(config: dict) -> None:
     """Measure every slot of the group in order; rank 0 posts start/done messages to the outbox."""
     group, outbox, threads = Group.from_dict(config["group"]), config["outbox"], config["threads"]
@@ -108,6 +122,10 @@ def train_fn_per_worker(config: dict) -> None:
     info = {"fingerprint": fingerprint.collect(device)} | hosts if rank0 else {}
     template = build_model(group.first.step, device)  # built once; every cell starts from a copy of it
     _warm_up_group(group, device, threads, template)
+    if group.calibrate:
+        calibration = _calibrate(group, device, template)  # a wrong reduced value raises on every rank
+        if rank0:
+            outbox.put(calibration | info)
     control, last_round = {}, None
     for slot in group.slots:
         if slot.round != last_round:

@@ -91,3 +91,9 @@ def test_a_row_far_noisier_than_its_group_is_flagged():
     rows = pd.DataFrame([row("ddp", 8, 150.0, bucket=float(b), group_id="g", cv=0.01) for b in range(1, 8)])
     rows.loc[3, "step_ms_cv"] = 0.2
     assert list(analysis.noisy_rows(rows)) == [i == 3 for i in range(7)]
+
+
+def test_error_rows_are_never_noisy_and_do_not_upset_the_flags():
+    rows = pd.DataFrame([row("ddp", 8, 150.0, bucket=float(b), group_id="g", cv=0.01) for b in range(1, 5)])
+    rows.loc[1, ["status", "step_ms_cv"]] = ["error", None]
+    assert not analysis.noisy_rows(rows).any()

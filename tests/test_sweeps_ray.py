@@ -8,6 +8,7 @@ import os
 import pytest
 import ray
 
+from results.query import query
 from results.store import Store
 from sweeps.grid import expand
 from sweeps.runner import execute, plan_sweep
@@ -28,6 +29,7 @@ workers: [2]
 bucket_cap_mb: {buckets}
 repeats: {repeats}
 isolation: {isolation}
+calibrate: {calibrate}
 backend: gloo
 use_gpu: false
 collective_timeout_s: 60
@@ -36,8 +38,8 @@ env: {{NCCL_DEBUG: WARN}}
 """
 
 
-def spec_text(buckets="[0.25, 25]", repeats=1, isolation="group", timeout=300) -> str:
-    return SPEC.format(buckets=buckets, repeats=repeats, isolation=isolation, timeout=timeout)
+def spec_text(buckets="[0.25, 25]", repeats=1, isolation="group", timeout=300, calibrate="false") -> str:
+    return SPEC.format(buckets=buckets, repeats=repeats, isolation=isolation, timeout=timeout, calibrate=calibrate)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +66,7 @@ def assert_round_order(rows: list[dict]) -> None:
 
 
 def test_group_measures_every_pair_in_rounds_and_a_failing_cell_is_its_own_error(fault_file, tmp_path):
-    spec = parse_spec(spec_text(repeats=2))
+    spec = parse_spec(spec_text(repeats=2, calibrate="true"))
     baseline, good, bad = expand(spec)
     assert (bad.step.mode, bad.step.bucket_cap_mb) == ("ddp", 25.0)
     fault_file.write_text(f"{bad.cell_id} raise\n")
@@ -86,6 +88,13 @@ def test_group_measures_every_pair_in_rounds_and_a_failing_cell_is_its_own_error
     assert len({r["group_id"] for r in ddp}) == 1  # one warm worker group for all four DDP measurements
     assert_round_order(first.rows)
     assert json.loads(ddp[0]["env"])["NCCL_DEBUG"] == "WARN"  # the spec's env reached the workers
+    cal = Store.open(str(tmp_path)).read_calibration("test").to_pandas()  # only the 2-rank group calibrates
+    assert set(cal["world_size"]) == {2} and set(cal["kind"]) == {"all_reduce", "broadcast_params"}
+    ar = cal[cal["kind"] == "all_reduce"].sort_values("size_bytes")
+    assert ar["size_bytes"].iloc[-1] >= ddp[0]["grad_bytes"] and (ar["time_ms"] > 0).all()
+    assert ar["busbw_gbps"].iloc[-1] > ar["busbw_gbps"].iloc[0]  # rises with size
+    fit = query(str(tmp_path), "select alpha_ms, beta_gbps, world_size from alpha_beta")
+    assert len(fit) == 1 and fit["beta_gbps"][0] > 0 and fit["world_size"][0] == 2
 
     store = Store.open(str(tmp_path))
     ok_files = {p: os.stat(p).st_mtime_ns for p in store.files() if bad.cell_id not in p}

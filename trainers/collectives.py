@@ -1,0 +1,112 @@
+"""Collective micro-benchmarks on the ranks a group's cells use: all-reduce time by message size (as
+nccl-tests define algbw and busbw), with a check of the reduced values, and the parameter broadcast DDP's
+constructor does. Call on every rank of an initialized process group; rank 0 gets the rows.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainers.errors import DDPSweepError
+
+AllReduce = Callable[[torch.Tensor], None]
+
+
+class CalibrationError(DDPSweepError):
+    """An all-reduce returned a wrong value: the collective (or the link) is broken, not slow."""
+
+
+def sizes_up_to(max_bytes: int, *, start: int = 4096, factor: int = 4) -> list[int]:
+    """Message sizes start, start·factor, … up to and including one at or above max_bytes."""
+    sizes = [start]
+    while sizes[-1] < max_bytes:
+        sizes.append(sizes[-1] * factor)
+    return sizes
+
+
+def _wrong_value(t: torch.Tensor, world: int) -> str | None:
+    """Every element of an all-reduce (sum) of `rank + 1` must be world·(world+1)/2, exactly (nccl-tests' -c)."""
+    expected = world * (world + 1) / 2
+    wrong = (t != expected).nonzero()
+    if not len(wrong):
+        return None
+    i = int(wrong[0][0])
+    return (f"all-reduce of {t.numel() * 4} bytes returned {float(t[i])} at element {i}; expected {expected:g} "
+            f"({len(wrong)} wrong element(s))")  # fmt: skip
+
+
+def _any_rank(flag: bool, device: torch.device) -> bool:
+    t = torch.tensor([float(flag)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item() > 0
+
+
+def _timed(op: Callable[[], None], iters: int, sync: Callable[[], None]) -> list[float]:
+    times = []
+    for _ in range(iters):
+        sync()
+        t0 = time.perf_counter()
+        op()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def _slowest(times: list[float], device: torch.device) -> list[float]:
+    mine = torch.tensor(times, dtype=torch.float64, device=device)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return torch.stack(every).max(dim=0).values.tolist()
+
+
+def _row(kind: str, size: int, times: list[float], world: int) -> dict:
+    ms = statistics.median(times)
+    algbw = size / (ms / 1e3)  # bytes/s
+    return {"kind": kind, "size_bytes": size, "time_ms": ms, "times_ms": times, "iters": len(times),
+            "algbw_gbps": algbw / 1e9, "busbw_gbps": algbw * 2 * (world - 1) / world / 1e9}  # fmt: skip
+
+
+def allreduce_sweep(sizes: list[int], device: torch.device, *, warmup: int = 2, iters: int = 10,
+                    all_reduce: AllReduce = dist.all_reduce) -> list[dict] | None:  # fmt: skip
+    """Per size: the slowest rank's time per all-reduce (median over iters), algbw, busbw. The values are
+    checked after every size; a wrong one raises CalibrationError on every rank."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    rows = []
+    for size in sizes:
+        t = torch.empty(size // 4, dtype=torch.float32, device=device)  # fp32, as DDP's gradients
+        op = lambda t=t: all_reduce(t)
+        for _ in range(warmup):
+            op()
+        times = _timed(op, iters, sync)
+        t.fill_(rank + 1)
+        all_reduce(t)
+        sync()
+        error = _wrong_value(t, world)
+        if _any_rank(error is not None, device):  # every rank stops, none is left waiting in a collective
+            raise CalibrationError(error or f"all-reduce of {size} bytes returned a wrong value on another rank")
+        rows.append(_row("all_reduce", size, _slowest(times, device), world))
+        del t
+    return rows if rank == 0 else None
+
+
+def broadcast_time(model: nn.Module, device: torch.device, iters: int = 3) -> dict | None:
+    """Broadcast every parameter from rank 0, as DDP's constructor does: one row, size = parameter bytes."""
+    world = dist.get_world_size()
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    params = [p.detach() for p in model.parameters()]
+    size = sum(p.numel() * p.element_size() for p in params)
+
+    def op() -> None:
+        for p in params:
+            dist.broadcast(p, src=0)
+
+    op()
+    times = _slowest(_timed(op, iters, sync), device)
+    return _row("broadcast_params", size, times, world) if dist.get_rank() == 0 else None
