@@ -146,3 +146,22 @@ def calibration_figure(calibration: pd.DataFrame) -> Figure:
     ax.set(xscale="log", xlabel="message size (bytes, log)", ylabel="busbw (GB/s)",
            title="All-reduce bandwidth by size (measured, and the α–β fit dashed)")  # fmt: skip
     return _finish(fig, ax)
+
+
+def overlap_figure(rows: pd.DataFrame) -> Figure:
+    """Measured communication per step by bucket size, stacked: hidden behind backward vs exposed after it
+    (from trace_comm rows; medians over repeats)."""
+    traced = rows[(rows["status"] == "ok") & rows["comm_ms"].notna()]
+    keys = ["cluster", "world_size", "gas", "no_sync"]
+    panels = list(traced.groupby(keys))
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.5 * max(1, len(panels)), 3.8), squeeze=False)
+    for ax, (key, grp) in zip(axes[0], panels, strict=False):
+        by = grp.groupby("bucket_cap_mb")[["comm_ms", "comm_exposed_ms"]].median().sort_index()
+        labels = [f"{b:g}" for b in by.index]
+        ax.bar(labels, by["comm_ms"] - by["comm_exposed_ms"], label="hidden behind backward")
+        ax.bar(labels, by["comm_exposed_ms"], bottom=by["comm_ms"] - by["comm_exposed_ms"], label="exposed")
+        ax.set(xlabel="bucket_cap_mb", ylabel="communication per step (ms)",
+               title=f"{key[0]}: {key[1]} ranks gas={key[2]} no_sync={bool(key[3])}")  # fmt: skip
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -41,14 +41,13 @@ NOWHERE = "/nonexistent/ddpsweep"  # where DuckDB would look for secrets and ext
 def views(root: str) -> dict[str, pd.DataFrame | object]:
     """The query views of a store (arrow table for `cells`, DataFrames for the analyses)."""
     store = Store.open(root)
-    table = store.read_table()
-    if table.num_rows == 0:
+    table, calibration = store.read_table(), store.read_calibration().to_pandas()
+    if table.num_rows == 0 and calibration.empty:
         raise StoreNotFound(f"no results under {root!r}: run a sweep first (ddpsweep run SPEC --results {root})")
     rows = table.to_pandas()
     intervals = analysis.ok_cells(rows)[[*analysis.CONFIG_KEYS, *INTERVAL_COLUMNS]]
     table = table.append_column("round_drifted", pa.array(analysis.drifted_rounds(rows).to_numpy()))
     table = table.append_column("noisy", pa.array(analysis.noisy_rows(rows).to_numpy()))
-    calibration = store.read_calibration().to_pandas()
     fits = costmodel.fits(calibration)
     return {
         "cells": table,
@@ -89,6 +88,8 @@ def sandboxed(frames: dict[str, object]) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB holding `frames` as views, then locked: no file, network or extension access."""
     con = duckdb.connect(":memory:", config=dict(_CONFIG))
     for name, frame in frames.items():
+        if isinstance(frame, pd.DataFrame) and frame.columns.empty:
+            frame = pd.DataFrame({"no_rows": pd.Series([], dtype=bool)})  # an analysis of no cells (calibration only)
         con.register(f"_{name}", frame)
         if name != "cells":
             con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM "_{name}"')

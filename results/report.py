@@ -31,6 +31,8 @@ def figures(rows: pd.DataFrame, algbw_bytes_per_s: float | None = None,
         out["efficiency"] = plots.efficiency_figure(rows)
         if (ddp["gas"] > 1).any():
             out["no_sync"] = plots.no_sync_figure(rows)
+        if "comm_ms" in ddp and ddp["comm_ms"].notna().any():
+            out["overlap"] = plots.overlap_figure(rows)
         if algbw_bytes_per_s:
             out["measured_vs_predicted"] = plots.measured_vs_predicted_figure(rows, algbw_bytes_per_s)
     return out

@@ -33,6 +33,7 @@ CONFIGURATION = [
     pa.field("target_rel_ci", pa.float64()),  # adaptive timing's target (±fraction); null: fixed steps
     pa.field("max_timed_steps", pa.int32()),
     pa.field("max_cell_s", pa.float64()),
+    pa.field("trace_comm", pa.bool_()),  # per-bucket communication timeline recorded (ddp only)
     pa.field("seed", pa.int64()),
 ]
 
@@ -76,6 +77,10 @@ MEASUREMENT = [
     pa.field("step_times_ms", pa.list_(pa.float64())),
     pa.field("timed_steps_run", pa.int32()),  # timed steps actually taken
     pa.field("converged", pa.bool_()),  # adaptive timing reached its target; null for fixed steps
+    pa.field("comm_ms", pa.float64()),  # trace_comm (rank 0): time with an all-reduce in flight, per step
+    pa.field("comm_exposed_ms", pa.float64()),  # trace_comm: communication left after backward compute ended
+    pa.field("comm_overlap_frac", pa.float64()),  # trace_comm: 1 - exposed / comm
+    pa.field("comm_timeline_ms", pa.list_(pa.list_(pa.float64()))),  # [bucket, launch, done] of the median step
     pa.field("replicas_in_sync", pa.bool_()),
     pa.field("trial_wall_s", pa.float64()),  # this measurement on its worker group: setup to row, no group start
 ]

@@ -73,6 +73,38 @@ def _print_summary(outcome, summary_text) -> None:
                f"cluster={outcome.cluster} sweep={outcome.sweep_id}")  # fmt: skip
 
 
+@app.command()
+def calibrate(
+    spec: Annotated[str, typer.Argument(help="YAML sweep spec: its multi-rank worker-group shapes are calibrated")],
+    address: Annotated[str | None, typer.Option(help="Ray cluster; default: embedded local Ray")] = None,
+    results: Annotated[str | None, typer.Option(help="results root (folder or URI); default: the spec's")] = None,
+    cluster: Annotated[str | None, typer.Option(help="cluster label for the rows; default: the spec's")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", help="show Ray's own logs")] = False,
+) -> None:
+    """All-reduce bandwidth by message size on the ranks, placement and backend the spec's cells would use;
+    prints the α–β fit (rows: the `calibration` table)."""
+    from results import costmodel
+    from results.store import load_calibration
+    from sweeps import runner
+    from sweeps.spec import load_spec
+
+    try:
+        plan = runner.plan_sweep(load_spec(spec), results=results, cluster=cluster)
+        plan.calibrate_only = True
+        if not plan.groups():
+            raise ConfigError("workers", plan.spec.workers, "a spec with at least one multi-rank worker group")
+        typer.echo(f"calibration {plan.sweep_id}: {len(plan.groups())} worker group(s) -> {plan.store.uri}")
+        runner.execute(plan, address=address, verbose=verbose)
+        fits = costmodel.fits(load_calibration(plan.store.uri, plan.cluster, plan.sweep_id))
+    except (ConfigError, ResultsError) as e:
+        raise fail(str(e)) from None
+    for f in fits.itertuples():
+        fit = f"alpha {f.alpha_ms * 1e3:.0f} us, beta {f.beta_gbps:.2f} GB/s algbw"
+        typer.echo(f"{f.world_size} ranks on {f.num_nodes} node(s), {f.backend}: {fit}, "
+                   f"max residual {f.max_rel_residual:.0%} (uses the {f.uses})")  # fmt: skip
+    typer.echo(f"\nrows: ddpsweep query \"select * from calibration where sweep_id = '{plan.sweep_id}'\"")
+
+
 ResultsOpt = Annotated[str, typer.Option("--results", help="results root (folder or URI)")]
 DEFAULT_RESULTS = "./ddpsweep-results"
 

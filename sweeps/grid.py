@@ -17,7 +17,7 @@ from sweeps.spec import SweepSpec
 from trainers.config import StepConfig
 
 # StepConfig fields newer than the first cell ids: hashed only when they differ from their defaults
-ADDED_LATER = ("seed", "target_rel_ci", "max_timed_steps", "max_cell_s")
+ADDED_LATER = ("seed", "target_rel_ci", "max_timed_steps", "max_cell_s", "trace_comm")
 
 
 def _digest(data: object, n: int = 12) -> str:
@@ -87,7 +87,7 @@ AUTO_BATCH = 10  # adaptive timing: the first batch of timed steps, and every fu
 
 def _cell(spec: SweepSpec, *, mode: str, gas: int, world_size: int = 1, num_nodes: int = 1, **step) -> Cell:
     cfg = StepConfig(model=spec.model, mode=mode, micro_batch=spec.micro_batch, seq_len=spec.seq_len, gas=gas,
-                     warmup_steps=spec.warmup_steps, **_timing(spec), **step)  # fmt: skip
+                     warmup_steps=spec.warmup_steps, trace_comm=spec.trace_comm, **_timing(spec), **step)  # fmt: skip
     return Cell(step=cfg, world_size=world_size, num_nodes=num_nodes, backend=spec.backend)
 
 
@@ -125,10 +125,12 @@ class Group:
     order_seed: int  # seeds the shuffle of every round
     slots: tuple[Slot, ...]
     calibrate: bool = False  # an all-reduce sweep on the group's ranks before its first cell
+    shape: Cell | None = None  # the cell that shapes the worker group (default: the first slot's)
 
     @property
     def first(self) -> Cell:
-        return self.slots[0].cell
+        """The cell that shapes the worker group and seeds its template model and control probe."""
+        return self.shape or self.slots[0].cell
 
     def rest_after(self, done: set[tuple[str, int]]) -> Group | None:
         """A fresh group for the slots not in `done` (a re-plan after the group died), or None."""
@@ -139,14 +141,15 @@ class Group:
         slots = [{"cell": s.cell.to_dict(), "repeat": s.repeat, "round": s.round, "order": s.order_in_round}
                  for s in self.slots]  # fmt: skip
         return {"group_id": self.group_id, "isolation": self.isolation, "order_seed": self.order_seed,
-                "slots": slots, "calibrate": self.calibrate}  # fmt: skip
+                "slots": slots, "calibrate": self.calibrate, "shape": self.first.to_dict()}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict) -> Group:
         slots = tuple(Slot(cell=Cell.from_dict(s["cell"]), repeat=s["repeat"], round=s["round"],
                            order_in_round=s["order"]) for s in data["slots"])  # fmt: skip
+        shape = Cell.from_dict(data["shape"])
         return cls(group_id=data["group_id"], isolation=data["isolation"], order_seed=data["order_seed"],
-                   slots=slots, calibrate=data.get("calibrate", False))  # fmt: skip
+                   slots=slots, calibrate=data.get("calibrate", False), shape=shape)  # fmt: skip
 
 
 def _rounds(pairs: list[tuple[Cell, int]], seed: int) -> list[Slot]:
@@ -182,6 +185,16 @@ def plan_groups(pairs: list[tuple[Cell, int]], *, sweep_id: str, isolation: str 
             groups += [Group(group_id=f"{key_id}-{i}", isolation=isolation, order_seed=seed, slots=(s,),
                              calibrate=cal and i == 0) for i, s in enumerate(slots)]  # fmt: skip
     return groups
+
+
+def calibration_groups(cells: list[Cell], *, sweep_id: str) -> list[Group]:
+    """`ddpsweep calibrate`: one group per multi-rank worker-group shape, calibration only (no cells)."""
+    shapes: dict[tuple, Cell] = {}
+    for cell in cells:
+        if cell.world_size > 1:
+            shapes.setdefault(cell.group_key, cell)
+    return [Group(group_id=_digest([sweep_id, list(key)], 8), isolation="group", order_seed=0, slots=(),
+                  calibrate=True, shape=cell) for key, cell in shapes.items()]  # fmt: skip
 
 
 def cells_table(cells: list[Cell], repeats: int = 1, isolation: str = "group") -> str:

@@ -21,7 +21,7 @@ from ray import tune
 
 from results.store import Store, valid_label
 from sweeps import preflight
-from sweeps.grid import Cell, Group, expand, plan_groups
+from sweeps.grid import Cell, Group, calibration_groups, expand, plan_groups
 from sweeps.rows import build_row, now
 from sweeps.spec import SpecError, SweepSpec
 from sweeps.trial import TrialOptions, row_context, trial_fn
@@ -39,13 +39,16 @@ class SweepPlan:
     store: Store
     cells: list[Cell]
     todo: list[tuple[Cell, int]]
+    calibrate_only: bool = False  # `ddpsweep calibrate`: the groups' calibrations, no cells
 
     @property
     def planned(self) -> int:
-        return len(self.cells) * self.spec.repeats
+        return 0 if self.calibrate_only else len(self.cells) * self.spec.repeats
 
     def groups(self) -> list[Group]:
         """The pending pairs as worker groups (re-formed from what is missing on --resume)."""
+        if self.calibrate_only:
+            return calibration_groups(self.cells, sweep_id=self.sweep_id)
         return plan_groups(
             self.todo, sweep_id=self.sweep_id, isolation=self.spec.isolation, calibrate=self.spec.calibrate
         )
@@ -57,6 +60,7 @@ class SweepOutcome:
     cluster: str
     results: str
     rows: list[dict] = field(default_factory=list)
+    calibrations: int = 0  # groups whose calibration was written
 
 
 def new_sweep_id(name: str) -> str:
@@ -200,10 +204,10 @@ def execute(plan: SweepPlan, *, address: str | None = None, verbose: bool = Fals
             opts = resolve_options(plan, res, storage)
             preflight.check(plan.cells, res, opts.cpus_per_worker, opts.use_gpu)
             plan.store.write_manifest(plan.cluster, plan.sweep_id, _manifest(plan, opts))
-            if plan.todo:
+            if plan.groups():
                 writer = RowWriter(plan.store, opts, progress)
                 _tuner(plan, opts, writer, verbose).fit()
-                outcome.rows = writer.rows
+                outcome.rows, outcome.calibrations = writer.rows, writer.calibrations
     finally:
         if plan.store.is_local:
             shutil.rmtree(storage, ignore_errors=True)  # Tune/Train bookkeeping only; the rows are in the store
@@ -213,7 +217,7 @@ def execute(plan: SweepPlan, *, address: str | None = None, verbose: bool = Fals
 def _manifest(plan: SweepPlan, opts: TrialOptions) -> dict:
     return {"sweep_id": plan.sweep_id, "cluster": plan.cluster, "spec": asdict(plan.spec),
             "cells": [c.cell_id for c in plan.cells], "repeats": plan.spec.repeats, "planned": plan.planned,
-            "isolation": plan.spec.isolation,
+            "isolation": plan.spec.isolation, "calibrate_only": plan.calibrate_only,
             "backend": opts.backend, "use_gpu": opts.use_gpu, "written_at": datetime.now(UTC).isoformat()}  # fmt: skip
 
 

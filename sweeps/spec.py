@@ -84,6 +84,9 @@ class SweepSpec:
     """Cells measured at once (1: cells never contend for the same links)."""
     repeats: int = 1
     """Rounds: each measures every cell once, in a shuffled order, so between-run noise is visible."""
+    trace_comm: bool = False
+    """Record every DDP bucket's all-reduce launch and completion in the timed steps (comm_ms,
+    comm_exposed_ms, comm_overlap_frac, comm_timeline_ms); off by default."""
     calibrate: bool = False
     """Start every multi-rank worker group with an all-reduce sweep over message sizes on its own ranks
     (and a parameter broadcast); rows go to the `calibration` table."""
@@ -168,6 +171,7 @@ def _validate(spec: SweepSpec) -> None:
     _check_choice("placement", spec.placement, PLACEMENTS)
     _check_choice("isolation", spec.isolation, ISOLATIONS)
     _check_scalar("calibrate", spec.calibrate, "bool")
+    _check_scalar("trace_comm", spec.trace_comm, "bool")
     if spec.use_gpu != "auto" and not isinstance(spec.use_gpu, bool):
         raise _fail("use_gpu", spec.use_gpu, "auto, true or false")
     if spec.seq_len > PRESETS[spec.model].block_size:

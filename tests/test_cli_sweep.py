@@ -89,6 +89,18 @@ def test_driver_killed_mid_group_then_resume_measures_only_the_missing_pairs(tmp
     assert {p: os.stat(p).st_mtime_ns for p in before} == before  # rows written before the kill untouched
 
 
+@pytest.mark.ray
+def test_calibrate_measures_the_specs_worker_groups_and_the_report_shows_the_fit(tmp_path):
+    proc = ddpsweep("calibrate", str(SMOKE), "--results", str(tmp_path), "--cluster", "cal")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert "2 ranks on 1 node(s), gloo: alpha" in out and "GB/s algbw" in out
+    n = CliRunner().invoke(app, ["query", "select count(*) n from calibration where kind = 'all_reduce'",
+                                 "--results", str(tmp_path), "--format", "csv"])  # fmt: skip
+    assert n.exit_code == 0 and int(n.output.split()[1]) >= 4  # 4 KB .. >= the tiny model's 1.5 MB, x4
+    assert not Store.open(str(tmp_path)).files()  # calibration only: no cell rows
+
+
 @pytest.mark.parametrize(
     ("text", "field"),
     [

@@ -227,3 +227,23 @@ def test_adaptive_timing_stops_at_its_target_or_its_cap_on_every_rank(tmp_path, 
 def test_fixed_timing_is_exactly_the_steps_asked_for(tmp_path):
     r0, _ = run_world(measured, 2, tmp_path, dataclasses.replace(BASE, timed_steps=7))
     assert r0.timed_steps_run == 7 == len(r0.step_times_ms) and r0.converged is None
+
+
+def traced_and_plain(rank: int, cfg: StepConfig):
+    """Parameters after one step with the tracing hook and without, and the traced measurement."""
+    plain = setup_replica(cfg, CPU)
+    train_step(plain)
+    traced = setup_replica(dataclasses.replace(cfg, trace_comm=True), CPU)
+    train_step(traced)
+    same = all(torch.equal(a, b) for a, b in zip(plain.model.parameters(), traced.model.parameters(), strict=True))
+    return same, run_cell(dataclasses.replace(cfg, trace_comm=True), CPU, num_threads=1)
+
+
+def test_comm_trace_changes_no_number_and_records_every_bucket(tmp_path):
+    cfg = dataclasses.replace(BASE, bucket_cap_mb=0.25, gas=2, no_sync=True)
+    (same0, m), (same1, _) = run_world(traced_and_plain, 2, tmp_path, cfg)
+    assert same0 and same1  # bit-identical parameters: the hook does what DDP's default does
+    assert len(m.comm_timeline_ms) == m.num_buckets > 1
+    assert sorted(b for b, _, _ in m.comm_timeline_ms) == list(range(m.num_buckets))
+    assert all(done >= launch >= 0 for _, launch, done in m.comm_timeline_ms)
+    assert 0 < m.comm_exposed_ms <= m.comm_ms < m.step_ms and 0 <= m.comm_overlap_frac <= 1

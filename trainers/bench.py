@@ -36,6 +36,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-gradient-as-bucket-view", action="store_true")
     ap.add_argument("--warmup", type=int, default=d.warmup_steps)
     ap.add_argument("--steps", type=int, default=d.timed_steps, help="timed steps (adaptive: the batch size)")
+    ap.add_argument("--trace-comm", action="store_true", help="record each bucket's all-reduce timeline")
     ap.add_argument("--target-rel-ci", type=float, default=None, help="adaptive: stop at a ±fraction interval")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads per rank (default: cores / local ranks)")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
@@ -55,6 +56,7 @@ def config_from_args(args: argparse.Namespace) -> StepConfig:
         warmup_steps=args.warmup,
         timed_steps=args.steps,
         target_rel_ci=args.target_rel_ci,
+        trace_comm=args.trace_comm,
     )
 
 

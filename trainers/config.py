@@ -42,6 +42,9 @@ class StepConfig:
     """Adaptive timing: at most this many timed steps."""
     max_cell_s: float = 60.0
     """Adaptive timing: stop adding batches once the timed steps have taken this long (s)."""
+    trace_comm: bool = False
+    """Record each bucket's all-reduce launch and completion in the timed steps (a DDP comm hook doing
+    what the default one does); ddp mode only."""
     seed: int = 1337
     """Model-init seed (same on every rank); data uses seed + rank."""
 
@@ -74,6 +77,7 @@ class StepConfig:
         if self.mode != "ddp":
             object.__setattr__(self, "bucket_cap_mb", None)
             object.__setattr__(self, "gradient_as_bucket_view", None)
+            object.__setattr__(self, "trace_comm", False)
         elif self.gradient_as_bucket_view is None:
             object.__setattr__(self, "gradient_as_bucket_view", True)
         if self.gas == 1 or self.mode == "single":
@@ -111,6 +115,10 @@ class Measurement:
     step_times_ms: list[float] = field(default_factory=list)
     timed_steps_run: int = 0  # how many timed steps were taken (fixed: timed_steps)
     converged: bool | None = None  # adaptive timing: the interval reached its target (None: fixed steps)
+    comm_ms: float | None = None  # trace_comm, rank 0: time with an all-reduce in flight per step (median)
+    comm_exposed_ms: float | None = None  # trace_comm: communication left after backward compute ended
+    comm_overlap_frac: float | None = None  # trace_comm: 1 - exposed / comm
+    comm_timeline_ms: list[list[float]] | None = None  # trace_comm: [bucket, launch, done] of the median step
     replicas_in_sync: bool = True
 
     def to_dict(self) -> dict:

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from trainers.commtrace import CommTrace, summarize_trace, traced_allreduce
 from trainers.config import Measurement, StepConfig
 from trainers.model import GPT, PRESETS, grad_bytes, n_params
 from trainers.stats import median_rel_half_width, summarize
@@ -36,6 +37,7 @@ class Replica:
     x: torch.Tensor  # (B, T) token ids
     y: torch.Tensor  # (B, T) targets
     world_size: int
+    trace: CommTrace | None = None  # trace_comm: the comm hook's record
 
 
 def distributed(cfg: StepConfig) -> bool:
@@ -71,9 +73,13 @@ def setup_replica(cfg: StepConfig, device: torch.device, template: GPT | None = 
     elif cfg.mode == "naive":
         for p in model.parameters():  # start from rank 0's weights, as DDP does
             dist.broadcast(p.data, src=0)
+    trace = None
+    if cfg.mode == "ddp" and cfg.trace_comm:
+        trace = CommTrace(world_size=world, cuda=device.type == "cuda")
+        module.register_comm_hook(trace, traced_allreduce)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=device.type == "cuda")
     x, y = make_batch(cfg, rank, device)
-    return Replica(cfg=cfg, model=model, module=module, opt=opt, x=x, y=y, world_size=world)
+    return Replica(cfg=cfg, model=model, module=module, opt=opt, x=x, y=y, world_size=world, trace=trace)
 
 
 def _naive_all_reduce(rep: Replica) -> None:
@@ -123,8 +129,10 @@ def replicas_in_sync(model: nn.Module, device: torch.device) -> bool:
     return all(int(t) == int(mine) for t in every)
 
 
-def time_steps(step: Callable[[], None], n: int, sync: Callable[[], None]) -> list[float]:
-    """Wall time of each of n calls (ms), the device synchronized before and after each."""
+def time_steps(step: Callable[[], None], n: int, sync: Callable[[], None],
+               after: Callable[[], None] = lambda: None) -> list[float]:  # fmt: skip
+    """Wall time of each of n calls (ms), the device synchronized before and after each; `after` runs
+    after each clock read, outside the timed region."""
     times = []
     for _ in range(n):
         sync()
@@ -132,6 +140,7 @@ def time_steps(step: Callable[[], None], n: int, sync: Callable[[], None]) -> li
         step()
         sync()
         times.append((time.perf_counter() - t0) * 1e3)
+        after()
     return times
 
 
@@ -213,7 +222,8 @@ def run_cell(
         if dist.get_rank() != 0:
             return None
     m = _measurement(cfg, rep, device, times, peak, in_sync, num_threads, (setup_ms, warmup_ms))
-    return replace(m, timed_steps_run=len(times), converged=converged)
+    traced = summarize_trace(rep.trace) if rep.trace else {}
+    return replace(m, timed_steps_run=len(times), converged=converged, **traced)
 
 
 def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Callable[[], None]):
@@ -222,7 +232,10 @@ def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Calla
     max_timed_steps / max_cell_s is reached. Between batches the ranks gather their times (outside any
     timed step), so every rank takes the same decision from the same numbers."""
     gather = (lambda t: _gather_max(t, device)) if distributed(cfg) else (lambda t: t)
-    own = time_steps(lambda: train_step(rep), cfg.timed_steps, sync)
+    trace = rep.trace
+    step = (lambda: (trace.start_step(), train_step(rep))) if trace else (lambda: train_step(rep))
+    after = trace.end_step if trace else (lambda: None)
+    own = time_steps(step, cfg.timed_steps, sync, after)
     if cfg.target_rel_ci is None:
         return gather(own), None
     while True:
@@ -230,7 +243,7 @@ def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Calla
         converged = median_rel_half_width(times) <= cfg.target_rel_ci
         if converged or len(times) >= cfg.max_timed_steps or sum(times) / 1e3 >= cfg.max_cell_s:
             return times, converged
-        own += time_steps(lambda: train_step(rep), min(cfg.timed_steps, cfg.max_timed_steps - len(own)), sync)
+        own += time_steps(step, min(cfg.timed_steps, cfg.max_timed_steps - len(own)), sync, after)
 
 
 def _measurement(cfg: StepConfig, rep: Replica, device: torch.device, times: list[float], peak: int | None,

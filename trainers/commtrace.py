@@ -1,0 +1,97 @@
+"""Measured overlap: a DDP communication hook that does exactly what DDP's default hook does (divide the
+bucket by the world size, all-reduce it) and records, for every bucket of every traced step, when its
+all-reduce was launched and when it completed.
+
+    launch   the hook is called when the bucket's last gradient is computed (so the last launch of a step
+             is when backward compute ended)
+    done     the all-reduce's future completed (gloo: the callback's wall clock; CUDA: an event recorded
+             in the callback, on the stream the future's work is synchronized with)
+
+Per step: `comm_ms` = the union of [launch, done] over buckets (time with communication in flight),
+`exposed_ms` = last done − last launch (communication left after backward compute ended), and
+`overlap_frac` = 1 − exposed / comm. DDP's backward returns only after every bucket is reduced, so the
+exposed tail is part of the step time.
+"""
+
+# No `from __future__ import annotations` here: DDP checks the hook's annotations as real types.
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class CommTrace:
+    """The hook's state: the current step's events, and every finished step's."""
+
+    world_size: int
+    cuda: bool
+    recording: bool = False
+    events: list[tuple[int, object, object]] = field(default_factory=list)  # (bucket, launch, done)
+    steps: list[list[tuple[int, float, float]]] = field(default_factory=list)  # ms from the step's first launch
+
+    def _now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def start_step(self) -> None:
+        self.recording, self.events = True, []
+
+    def end_step(self) -> None:
+        """Close the step (after the device is synchronized): keep its events in ms from its first launch."""
+        self.recording = False
+        if not self.events:
+            self.steps.append([])
+            return
+        first = self.events[0][1]
+        since = (lambda t: first.elapsed_time(t)) if self.cuda else (lambda t: (t - first) * 1e3)
+        self.steps.append([(b, since(launch), since(done)) for b, launch, done in self.events])
+
+
+def traced_allreduce(state: CommTrace, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's default all-reduce hook (divide, then sum), with launch and completion recorded."""
+    launch = state._now() if state.recording else None
+    tensor = bucket.buffer().div_(state.world_size)
+    fut = dist.all_reduce(tensor, async_op=True).get_future()
+
+    def done(f: torch.futures.Future) -> torch.Tensor:
+        if launch is not None:
+            state.events.append((bucket.index(), launch, state._now()))
+        return f.value()[0]
+
+    return fut.then(done)
+
+
+def _union_ms(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for lo, hi in sorted(intervals):
+        if hi > end:
+            total += hi - max(lo, end)
+            end = hi
+    return total
+
+
+def summarize_trace(trace: CommTrace) -> dict:
+    """Medians over the traced steps, and the timeline of the step whose communication time is the median."""
+    per_step = []
+    for events in trace.steps:
+        if not events:
+            continue
+        comm = _union_ms([(launch, done) for _, launch, done in events])
+        exposed = max(0.0, max(d for _, _, d in events) - max(la for _, la, _ in events))
+        per_step.append((comm, exposed, events))
+    if not per_step:
+        return {}
+    comms = [c for c, _, _ in per_step]
+    median_step = min(per_step, key=lambda s: abs(s[0] - statistics.median(comms)))
+    return {
+        "comm_ms": statistics.median(comms),
+        "comm_exposed_ms": statistics.median(e for _, e, _ in per_step),
+        "comm_overlap_frac": statistics.median(1 - e / c if c > 0 else 0.0 for c, e, _ in per_step),
+        "comm_timeline_ms": [[float(b), la, d] for b, la, d in median_step[2]],
+    }
