@@ -71,4 +71,8 @@ def predictions(cells: pd.DataFrame, calibration: pd.DataFrame) -> pd.DataFrame:
         single.append(float(predict_ms(line, [line["grad_bytes"]])[0]))
     out["predicted_allreduce_ms"], out["predicted_single_bucket_ms"] = per_step, single
     out["no_overlap_bound_ms"] = out["baseline_step_ms"] + out["predicted_allreduce_ms"]
+    # measured exposed communication / predicted all-reduce of the step, with the measurement's interval
+    for suffix in ("", "_ci_lo", "_ci_hi"):
+        if f"exposed_comm_ms{suffix}" in out:
+            out[f"measured_over_predicted{suffix}"] = out[f"exposed_comm_ms{suffix}"] / out["predicted_allreduce_ms"]
     return out.drop(columns=["curve_bytes", "curve_ms"])

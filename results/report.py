@@ -93,11 +93,12 @@ def calibration_tables(rows: pd.DataFrame, calibration: pd.DataFrame) -> list[st
         "max_rel_residual", "n_sizes", "uses"])]  # fmt: skip
     if pred.empty:
         return parts
-    pred["single_bucket_ratio"] = pred["single_bucket_overhead_ms"] / pred["predicted_single_bucket_ms"]
-    return [*parts, "<h2>Measured vs predicted (the sweep's own calibration)</h2>", _table(
-        _with_intervals(pred, ["step_ms", "exposed_comm_ms"]), ["cluster", "world_size", "gas", "no_sync",
-        "bucket_cap_mb", "step_ms", "baseline_step_ms", "predicted_allreduce_ms", "no_overlap_bound_ms",
-        "exposed_comm_ms", "predicted_single_bucket_ms"])]  # fmt: skip
+    shown = ["step_ms", "exposed_comm_ms", "measured_over_predicted"]
+    columns = ["cluster", "world_size", "gas", "no_sync", "bucket_cap_mb", "step_ms", "baseline_step_ms",
+               "predicted_allreduce_ms", "no_overlap_bound_ms", "exposed_comm_ms", "measured_over_predicted",
+               "predicted_single_bucket_ms"]  # fmt: skip
+    title = "<h2>Measured vs predicted (the sweep's own calibration)</h2>"
+    return [*parts, title, _table(_with_intervals(pred, shown), columns)]
 
 
 def render_html(rows: pd.DataFrame, title: str, algbw_bytes_per_s: float | None = None,

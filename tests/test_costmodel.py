@@ -82,3 +82,17 @@ def test_a_wrong_reduced_value_fails_loudly_on_every_rank(tmp_path):
     r0, r1 = run_world(calibrate_on_world, 2, tmp_path, True)
     assert r0.startswith("CalibrationError") and "another rank" in r0  # rank 0's values were right
     assert r1.startswith("CalibrationError") and "expected 3" in r1  # rank 1 names the element
+
+
+def test_report_uses_the_sweeps_own_calibration():
+    from results.report import render_html
+
+    rows = pd.DataFrame(seed_rows()).assign(bucket_sizes_bytes=[[]] + [[GRAD_BYTES // 4] * 4] * 7)
+    page = render_html(rows, "seed", calibration=pd.DataFrame(calibration_rows(0.0, 10.1e9)).assign(
+        busbw_gbps=1.0, algbw_gbps=1.0))  # fmt: skip
+    assert "Calibration: the α–β model" in page and "alt='calibration'" in page
+    assert "own calibration)</h2>" in page
+    pred = costmodel.predictions(analysis.with_baseline(rows), pd.DataFrame(calibration_rows(0.0, 10.1e9)))
+    one = pred[pred["bucket_cap_mb"] == 500.0].iloc[0]
+    assert one["predicted_allreduce_ms"] == pytest.approx(4 * (GRAD_BYTES // 4) / 10.1e9 * 1e3)  # Σ over buckets
+    assert one["no_overlap_bound_ms"] == pytest.approx(122.2 + one["predicted_allreduce_ms"])

@@ -72,7 +72,7 @@ def _row(kind: str, size: int, times: list[float], world: int) -> dict:
             "algbw_gbps": algbw / 1e9, "busbw_gbps": algbw * 2 * (world - 1) / world / 1e9}  # fmt: skip
 
 
-def allreduce_sweep(sizes: list[int], device: torch.device, *, warmup: int = 2, iters: int = 10,
+def allreduce_sweep(sizes: list[int], device: torch.device, *, warmup: int = 5, iters: int = 10,
                     all_reduce: AllReduce = dist.all_reduce) -> list[dict] | None:  # fmt: skip
     """Per size: the slowest rank's time per all-reduce (median over iters), algbw, busbw. The values are
     checked after every size; a wrong one raises CalibrationError on every rank."""
