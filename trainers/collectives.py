@@ -6,7 +6,6 @@ constructor does. Call on every rank of an initialized process group; rank 0 get
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
@@ -14,6 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainers.errors import DDPSweepError
+from trainers.step import gather_max, time_steps
 
 AllReduce = Callable[[torch.Tensor], None]
 
@@ -47,24 +47,6 @@ def _any_rank(flag: bool, device: torch.device) -> bool:
     return t.item() > 0
 
 
-def _timed(op: Callable[[], None], iters: int, sync: Callable[[], None]) -> list[float]:
-    times = []
-    for _ in range(iters):
-        sync()
-        t0 = time.perf_counter()
-        op()
-        sync()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return times
-
-
-def _slowest(times: list[float], device: torch.device) -> list[float]:
-    mine = torch.tensor(times, dtype=torch.float64, device=device)
-    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, mine)
-    return torch.stack(every).max(dim=0).values.tolist()
-
-
 def _row(kind: str, size: int, times: list[float], world: int) -> dict:
     ms = statistics.median(times)
     algbw = size / (ms / 1e3)  # bytes/s
@@ -84,14 +66,14 @@ def allreduce_sweep(sizes: list[int], device: torch.device, *, warmup: int = 5, 
         op = lambda t=t: all_reduce(t)
         for _ in range(warmup):
             op()
-        times = _timed(op, iters, sync)
+        times = time_steps(op, iters, sync)
         t.fill_(rank + 1)
         all_reduce(t)
         sync()
         error = _wrong_value(t, world)
         if _any_rank(error is not None, device):  # every rank stops, none is left waiting in a collective
             raise CalibrationError(error or f"all-reduce of {size} bytes returned a wrong value on another rank")
-        rows.append(_row("all_reduce", size, _slowest(times, device), world))
+        rows.append(_row("all_reduce", size, gather_max(times, device), world))
         del t
     return rows if rank == 0 else None
 
@@ -108,5 +90,5 @@ def broadcast_time(model: nn.Module, device: torch.device, iters: int = 3) -> di
             dist.broadcast(p, src=0)
 
     op()
-    times = _slowest(_timed(op, iters, sync), device)
+    times = gather_max(time_steps(op, iters, sync), device)
     return _row("broadcast_params", size, times, world) if dist.get_rank() == 0 else None

@@ -43,14 +43,17 @@ class CommTrace:
         self.recording, self.events = True, []
 
     def end_step(self) -> None:
-        """Close the step (after the device is synchronized): keep its events in ms from its first launch."""
+        """Close the step (after the device is synchronized): keep its events in ms from its first launch
+        (events arrive in completion order, which need not be launch order)."""
         self.recording = False
         if not self.events:
             self.steps.append([])
             return
-        first = self.events[0][1]
-        since = (lambda t: first.elapsed_time(t)) if self.cuda else (lambda t: (t - first) * 1e3)
-        self.steps.append([(b, since(launch), since(done)) for b, launch, done in self.events])
+        ref = self.events[0][1]
+        since = (lambda t: ref.elapsed_time(t)) if self.cuda else (lambda t: (t - ref) * 1e3)
+        rel = [(b, since(launch), since(done)) for b, launch, done in self.events]
+        first = min(launch for _, launch, _ in rel)
+        self.steps.append(sorted((b, launch - first, done - first) for b, launch, done in rel))
 
 
 def traced_allreduce(state: CommTrace, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -129,12 +129,15 @@ def replicas_in_sync(model: nn.Module, device: torch.device) -> bool:
     return all(int(t) == int(mine) for t in every)
 
 
-def time_steps(step: Callable[[], None], n: int, sync: Callable[[], None],
-               after: Callable[[], None] = lambda: None) -> list[float]:  # fmt: skip
-    """Wall time of each of n calls (ms), the device synchronized before and after each; `after` runs
-    after each clock read, outside the timed region."""
+Hook = Callable[[], None]
+
+
+def time_steps(step: Hook, n: int, sync: Hook, before: Hook = lambda: None, after: Hook = lambda: None) -> list[float]:
+    """Wall time of each of n calls (ms), the device synchronized before and after each; `before` and
+    `after` run outside the timed region."""
     times = []
     for _ in range(n):
+        before()
         sync()
         t0 = time.perf_counter()
         step()
@@ -187,7 +190,7 @@ def bucket_sizes(module: nn.Module) -> list[int]:
     return [int(s) for s in str(text).split(",") if s.strip()]
 
 
-def _gather_max(values: list[float], device: torch.device) -> list[float]:
+def gather_max(values: list[float], device: torch.device) -> list[float]:
     """Element-wise max over ranks (after the timed loop: never inside it)."""
     mine = torch.tensor(values, dtype=torch.float64, device=device)
     every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
@@ -217,7 +220,7 @@ def run_cell(
     times, converged = timed_phase(cfg, rep, device, sync)
     in_sync, peak = True, peak_memory_bytes(device)
     if distributed(cfg):
-        peak = None if peak is None else int(_gather_max([float(peak)], device)[0])
+        peak = None if peak is None else int(gather_max([float(peak)], device)[0])
         in_sync = replicas_in_sync(rep.model, device)
         if dist.get_rank() != 0:
             return None
@@ -231,11 +234,10 @@ def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Calla
     Adaptive: batches of `timed_steps` until the median's interval is within ±target_rel_ci, or
     max_timed_steps / max_cell_s is reached. Between batches the ranks gather their times (outside any
     timed step), so every rank takes the same decision from the same numbers."""
-    gather = (lambda t: _gather_max(t, device)) if distributed(cfg) else (lambda t: t)
+    gather = (lambda t: gather_max(t, device)) if distributed(cfg) else (lambda t: t)
     trace = rep.trace
-    step = (lambda: (trace.start_step(), train_step(rep))) if trace else (lambda: train_step(rep))
-    after = trace.end_step if trace else (lambda: None)
-    own = time_steps(step, cfg.timed_steps, sync, after)
+    hooks = (trace.start_step, trace.end_step) if trace else (lambda: None, lambda: None)
+    own = time_steps(lambda: train_step(rep), cfg.timed_steps, sync, *hooks)
     if cfg.target_rel_ci is None:
         return gather(own), None
     while True:
@@ -243,7 +245,7 @@ def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Calla
         converged = median_rel_half_width(times) <= cfg.target_rel_ci
         if converged or len(times) >= cfg.max_timed_steps or sum(times) / 1e3 >= cfg.max_cell_s:
             return times, converged
-        own += time_steps(step, min(cfg.timed_steps, cfg.max_timed_steps - len(own)), sync, after)
+        own += time_steps(lambda: train_step(rep), min(cfg.timed_steps, cfg.max_timed_steps - len(own)), sync, *hooks)
 
 
 def _measurement(cfg: StepConfig, rep: Replica, device: torch.device, times: list[float], peak: int | None,
