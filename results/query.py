@@ -156,12 +156,23 @@ def query(root: str, sql: str, *, timeout_s: float | None = None, max_rows: int 
         con.close()
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _cell_text(v: object) -> object:
+    """A text cell a spreadsheet would run as a formula gets a leading apostrophe (OWASP's advice)."""
+    return "'" + v if isinstance(v, str) and v.startswith(FORMULA_START) else v
+
+
 def to_csv(df: pd.DataFrame) -> str:
-    """CSV with list columns (step times, bucket sizes, hosts) as JSON arrays, one row per line."""
+    """CSV with list columns (step times, bucket sizes, hosts) as JSON arrays, one row per line; text that
+    starts with = + - @ (a spreadsheet formula) is prefixed with ' so it stays text."""
     out = df.copy()
     for col in out.columns:
         if out[col].dtype == object and out[col].map(lambda v: hasattr(v, "__len__") and not isinstance(v, str)).any():
             out[col] = out[col].map(lambda v: json.dumps(list(v), default=float) if v is not None else "")
+        if out[col].dtype == object or pd.api.types.is_string_dtype(out[col]):
+            out[col] = out[col].map(_cell_text)
     return out.to_csv(index=False)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pyarrow as pa
 
 _TS = pa.timestamp("us", tz="UTC")
@@ -110,14 +112,26 @@ def conform(table: pa.Table) -> pa.Table:
     return conform_to(table, SCHEMA)
 
 
+def impossible(row: dict) -> str | None:
+    """Why an ok row's measurement cannot be real (a step time that is not a positive finite number)."""
+    ms = row.get("step_ms")
+    if row.get("status") == "ok" and not (isinstance(ms, int | float) and math.isfinite(ms) and ms > 0):
+        return f"step_ms {ms!r} is not a positive finite number of milliseconds"
+    return None
+
+
 def row_table(row: dict) -> pa.Table:
-    """One row dict → a one-row table in SCHEMA. Unknown keys are a bug: refuse them."""
+    """One row dict → a one-row table in SCHEMA. Unknown keys are a bug: refuse them, and impossible
+    measurements too."""
     unknown = set(row) - set(COLUMNS)
     if unknown:
         raise KeyError(f"row has columns not in the schema: {sorted(unknown)}")
     missing = [f.name for f in SCHEMA if not f.nullable and row.get(f.name) is None]
     if missing:
         raise KeyError(f"row lacks required columns: {missing}")
+    why = impossible(row)
+    if why:
+        raise ValueError(f"refusing to write row {row.get('cell_id')}-r{row.get('repeat')}: {why}")
     return pa.Table.from_pylist([{name: row.get(name) for name in COLUMNS}], schema=SCHEMA)
 
 

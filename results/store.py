@@ -19,7 +19,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from results.errors import StoreNotFound, UnknownSelection
-from results.schema import CALIBRATION, SCHEMA, conform, conform_to, row_table
+from results.schema import CALIBRATION, SCHEMA, conform, conform_to, impossible, row_table
 
 log = logging.getLogger(__name__)
 LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -130,9 +130,15 @@ class Store:
         tables = []
         for path in self.files(cluster, sweep):
             try:
-                tables.append(conform(pq.read_table(path, filesystem=self.fs)))
+                table = pq.read_table(path, filesystem=self.fs)
             except (pa.ArrowException, OSError) as e:
                 log.warning("skipping unreadable results file %s: %s", path, e)
+                continue
+            missing = [c for c in REQUIRED if c not in table.column_names]
+            if missing:
+                log.warning("skipping results file %s: not a ddpsweep row file (no %s)", path, ", ".join(missing))
+                continue
+            tables.append(_drop_impossible(conform(table), path))
         return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
 
     def labels(self) -> dict[str, list[str]]:
@@ -143,6 +149,19 @@ class Store:
             if "cluster" in parts and "sweep" in parts:
                 found.setdefault(parts["cluster"], set()).add(parts["sweep"])
         return {c: sorted(s) for c, s in sorted(found.items())}
+
+
+REQUIRED = [f.name for f in SCHEMA if not f.nullable]
+
+
+def _drop_impossible(table: pa.Table, path: str) -> pa.Table:
+    """Rows whose measurement cannot be real are skipped with a warning naming the file."""
+    rows = table.to_pylist()
+    keep = [impossible(r) is None for r in rows]
+    if all(keep):
+        return table
+    log.warning("skipping %d row(s) of %s with an impossible measurement", keep.count(False), path)
+    return table.filter(pa.array(keep))
 
 
 def load(root: str, cluster: str | None = None, sweep: str | None = None) -> pd.DataFrame:

@@ -223,8 +223,8 @@ def add_result_routes(app: FastAPI, settings: ServiceSettings, auth) -> None:
 
     @app.get("/compare", summary="Two clusters side by side")
     def compare(cluster: Annotated[list[str], Query()], sweep: Annotated[list[str] | None, Query()] = None) -> Response:
-        if len(cluster) != 2:
-            raise ApiError(422, "ValidationError", "give exactly two: ?cluster=A&cluster=B", "cluster")
+        if len(cluster) != 2 or cluster[0] == cluster[1]:
+            raise ApiError(422, "ValidationError", "give exactly two different: ?cluster=A&cluster=B", "cluster")
         rows = pd.concat([load(settings.results, cluster=_label("cluster", c)) for c in cluster], ignore_index=True)
         if sweep:
             rows = rows[rows["sweep_id"].isin(sweep)]

@@ -142,8 +142,8 @@ def compare(
     from results.store import load
 
     try:
-        if len(cluster) != 2:
-            raise ConfigError("--cluster", cluster, "exactly two labels: --cluster A --cluster B")
+        if len(cluster) != 2 or cluster[0] == cluster[1]:
+            raise ConfigError("--cluster", cluster, "exactly two different labels: --cluster A --cluster B")
         rows = [load(results, cluster=c) for c in cluster]
         both = pd.concat(rows, ignore_index=True)
         if sweep:

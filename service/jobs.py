@@ -13,8 +13,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from results.store import Store, valid_label
-from sweeps.runner import new_sweep_id
-from sweeps.spec import SpecError, SweepSpec, spec_from_dict
+from sweeps.spec import SpecError, SweepSpec, new_sweep_id, spec_from_dict
 from trainers.errors import DDPSweepError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

@@ -23,7 +23,7 @@ from results.store import Store, valid_label
 from sweeps import preflight
 from sweeps.grid import Cell, Group, calibration_groups, expand, plan_groups
 from sweeps.rows import build_row, now
-from sweeps.spec import SpecError, SweepSpec
+from sweeps.spec import SpecError, SweepSpec, new_sweep_id
 from sweeps.trial import TrialOptions, row_context, trial_fn
 
 ProgressFn = Callable[[dict], None]
@@ -63,10 +63,6 @@ class SweepOutcome:
     calibrations: int = 0  # groups whose calibration was written
 
 
-def new_sweep_id(name: str) -> str:
-    return f"{name[:40]}-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
-
-
 def plan_sweep(spec: SweepSpec, *, results: str | None = None, cluster: str | None = None,
                resume: str | None = None, sweep_id: str | None = None) -> SweepPlan:  # fmt: skip
     """Expand the grid; with `resume`, keep only pairs with no ok row in that sweep."""
@@ -79,6 +75,9 @@ def plan_sweep(spec: SweepSpec, *, results: str | None = None, cluster: str | No
     if resume is None:
         if sweep_id is not None and not valid_label(sweep_id):
             raise SpecError("--sweep-id", sweep_id, "a label of letters, digits, '_', '.', '-' (max 64)")
+        if sweep_id is not None and (store.read_manifest(cluster, sweep_id) or store.files(cluster, sweep_id)):
+            raise SpecError("--sweep-id", sweep_id, f"a new id: that sweep exists under cluster={cluster} "
+                            f"(continue it with --resume {sweep_id}; its rows are never overwritten)")  # fmt: skip
         return SweepPlan(spec, sweep_id or new_sweep_id(spec.name), cluster, store, cells, pairs)
     manifest = store.read_manifest(cluster, resume)
     if manifest is None:

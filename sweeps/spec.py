@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import math
 import os
+import secrets
 from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +199,11 @@ def _validate_nodes(spec: SweepSpec) -> None:
         raise _fail("nodes", spec.nodes, f"node counts that divide some worker count in {spec.workers}")
 
 
+def new_sweep_id(name: str) -> str:
+    """A fresh sweep id: the spec's name, the UTC time to the second, and 4 random hex digits."""
+    return f"{name[:40]}-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
 def spec_from_dict(data: Any, source: str = "spec") -> SweepSpec:
     """Build a SweepSpec from parsed YAML/JSON, rejecting unknown keys."""
     if not isinstance(data, dict):
@@ -219,7 +226,10 @@ def load_spec(path: str | Path) -> SweepSpec:
         text = os.environ.get(str(path)[4:])
         if text is None:
             raise SpecError("SPEC", str(path), "an environment variable holding the spec's YAML")
-        return parse_spec(text, source=str(path))
+        try:
+            return parse_spec(text, source=str(path))
+        except SpecError as e:  # never echo an environment variable's content
+            raise SpecError(e.field, "<value from the environment, not shown>", e.allowed) from None
     p = Path(path)
     if not p.is_file():
         raise SpecError("SPEC", str(path), "an existing YAML file, e.g. sweeps/specs/smoke.yaml")

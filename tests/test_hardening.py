@@ -1,0 +1,70 @@
+"""Hostile and careless input: no silent overwrite, no secrets echoed, no impossible numbers, safe CSV."""
+
+from __future__ import annotations
+
+import logging
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from results.query import query, to_csv
+from results.store import Store, load
+from service.cli import app
+from sweeps.runner import plan_sweep
+from sweeps.spec import SpecError, load_spec, parse_spec
+from tests.seed_rows import seed_rows
+
+
+def test_an_existing_sweep_id_is_refused_without_resume(tmp_path):
+    spec = parse_spec("name: s\nbucket_cap_mb: [25]")
+    Store.open(str(tmp_path)).write_manifest("local", "taken", {"cells": []})
+    with pytest.raises(SpecError) as err:
+        plan_sweep(spec, results=str(tmp_path), sweep_id="taken")
+    assert err.value.field == "--sweep-id" and "--resume taken" in str(err.value)
+    assert plan_sweep(spec, results=str(tmp_path), sweep_id="fresh").sweep_id == "fresh"
+
+
+def test_a_spec_from_the_environment_is_never_echoed(monkeypatch):
+    monkeypatch.setenv("DDPS_X", "password: hunter2")
+    with pytest.raises(SpecError) as err:
+        load_spec("env:DDPS_X")
+    assert "hunter2" not in str(err.value) and err.value.field == "password"
+    result = CliRunner().invoke(app, ["run", "env:DDPS_X", "--dry-run"])
+    assert result.exit_code == 2 and "hunter2" not in result.output
+
+
+def test_compare_of_a_cluster_with_itself_is_a_clear_error(seed_store):
+    result = CliRunner().invoke(app, ["compare", "--cluster", "pcie-8x", "--cluster", "pcie-8x", "--results",
+                                      seed_store])  # fmt: skip
+    assert result.exit_code == 2 and "two different labels" in result.output
+
+
+def test_an_alien_parquet_file_is_skipped_with_a_warning(seed_store, caplog):
+    pq.write_table(pa.table({"a": [1, 2], "b": ["x", "y"]}), f"{seed_store}/cluster=pcie-8x/sweep=seed/alien.parquet")
+    with caplog.at_level(logging.WARNING):
+        rows = load(seed_store)
+    assert len(rows) == 8 and rows["cluster"].notna().all() and set(rows["status"]) == {"ok"}
+    assert "alien.parquet" in caplog.text and "not a ddpsweep row file" in caplog.text
+
+
+def test_an_impossible_step_time_is_refused_at_write_and_skipped_at_read(seed_store, caplog):
+    bad = seed_rows()[1] | {"cell_id": "bad", "step_ms": -1e308}
+    with pytest.raises(ValueError, match="not a positive finite number"):
+        Store.open(seed_store).write_row(bad)
+    table = pa.Table.from_pylist([bad | {"cell_id": "sneaked"}])  # written by something else
+    pq.write_table(table, f"{seed_store}/cluster=pcie-8x/sweep=seed/sneaked-r0.parquet")
+    with caplog.at_level(logging.WARNING):
+        rows = load(seed_store)
+    assert len(rows) == 8 and "impossible measurement" in caplog.text
+    assert CliRunner().invoke(app, ["report", "--results", seed_store, "--out", f"{seed_store}/r.html"]).exit_code == 0
+
+
+@pytest.mark.parametrize("text", ['=HYPERLINK("http://x")', "+1+1", "-2+3", "@SUM(A1)", "\t=1"])
+def test_csv_exports_neutralize_spreadsheet_formulas(seed_store, text):
+    store = Store.open(seed_store)
+    store.write_row(seed_rows()[0] | {"cell_id": "err", "status": "error", "error": text, "step_ms": None})
+    csv_text = to_csv(query(seed_store, "select cell_id, error from cells where cell_id = 'err'"))
+    line = csv_text.splitlines()[1]
+    assert ",'" in line or ",\"'" in line  # the cell starts with an apostrophe: text, not a formula
