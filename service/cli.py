@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -42,25 +43,54 @@ def run(
     from sweeps import runner
     from sweeps.grid import cells_table
     from sweeps.spec import load_spec
-    from sweeps.summary import progress_line, summary_text
+    from sweeps.summary import summary_text
 
+    plan = None
     try:
         plan = runner.plan_sweep(load_spec(spec), results=results, cluster=cluster, resume=resume, sweep_id=sweep_id)
         if dry_run:
             typer.echo(cells_table(plan.cells, plan.spec.repeats, plan.spec.isolation))
             return
+        os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # Ctrl-C interrupts the sweep (below), not just Tune
         typer.echo(f"sweep {plan.sweep_id}: {len(plan.todo)} of {plan.planned} measurements to run "
                    f"in {len(plan.groups())} worker group(s) -> {plan.store.uri}")  # fmt: skip
-        done = [0]
-
-        def progress(row: dict) -> None:
-            done[0] += 1
-            typer.echo(progress_line(row, done[0], len(plan.todo)))
-
-        outcome = runner.execute(plan, address=address, verbose=verbose, progress=progress)
+        outcome = runner.execute(plan, address=address, verbose=verbose, progress=progress_printer(len(plan.todo)))
     except (ConfigError, ResultsError) as e:
         raise fail(str(e)) from None
+    except KeyboardInterrupt:
+        raise interrupted(plan, spec) from None
     _print_summary(outcome, summary_text)
+
+
+def progress_printer(total: int):
+    """A progress callback printing one line per row; a closed stdout (`| head -1`) silences it but never
+    stops the sweep."""
+    from sweeps.summary import progress_line
+
+    state = {"done": 0, "open": True}
+
+    def progress(row: dict) -> None:
+        state["done"] += 1
+        if state["open"]:
+            try:
+                typer.echo(progress_line(row, state["done"], total))
+            except (BrokenPipeError, OSError):
+                state["open"] = False
+
+    return progress
+
+
+def interrupted(plan, spec: str) -> typer.Exit:
+    """Ctrl-C: say so, print the exact command that continues the sweep, exit 130."""
+    import shlex
+
+    if plan is None:
+        typer.echo("\ninterrupted before the sweep started; nothing was written", err=True)
+        return typer.Exit(130)
+    args = ["ddpsweep", "run", spec, "--resume", plan.sweep_id, "--results", plan.store.uri, "--cluster", plan.cluster]
+    typer.echo(f"\ninterrupted: sweep {plan.sweep_id} stopped; rows already written are kept.", err=True)
+    typer.echo(f"continue it with: {shlex.join(args)}", err=True)
+    return typer.Exit(130)
 
 
 def _print_summary(outcome, summary_text) -> None:

@@ -90,6 +90,24 @@ def test_driver_killed_mid_group_then_resume_measures_only_the_missing_pairs(tmp
 
 
 @pytest.mark.ray
+def test_ctrl_c_says_interrupted_prints_the_resume_command_and_exits_130(tmp_path):
+    spec = tmp_path / "mini.yaml"
+    spec.write_text(SMOKE.read_text().replace("gas: [1, 2]", "gas: [1]"))
+    results = tmp_path / "store"
+    proc = ddpsweep("run", str(spec), "--results", str(results), "--sweep-id", "ctrlc")
+    store = Store.open(str(results))
+    deadline = time.time() + 300
+    while len(store.files()) < 4 and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C in the middle of the DDP group
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted: sweep ctrlc stopped" in err and "--resume ctrlc" in err
+    assert f"--results {results}" in err
+    assert 4 <= len(store.files()) < 12 and not list(Path("/tmp").glob("ddpsweep-ctrlc-*"))
+
+
+@pytest.mark.ray
 def test_calibrate_measures_the_specs_worker_groups_and_the_report_shows_the_fit(tmp_path):
     proc = ddpsweep("calibrate", str(SMOKE), "--results", str(tmp_path), "--cluster", "cal")
     out, err = proc.communicate(timeout=300)

@@ -68,3 +68,28 @@ def test_csv_exports_neutralize_spreadsheet_formulas(seed_store, text):
     csv_text = to_csv(query(seed_store, "select cell_id, error from cells where cell_id = 'err'"))
     line = csv_text.splitlines()[1]
     assert ",'" in line or ",\"'" in line  # the cell starts with an apostrophe: text, not a formula
+
+
+def test_a_closed_stdout_silences_progress_but_never_stops_the_sweep(monkeypatch):
+    import typer
+
+    from service.cli import progress_printer
+
+    calls = []
+
+    def broken(text, *a, **kw):
+        calls.append(text)
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(typer, "echo", broken)
+    progress = progress_printer(3)
+    row = seed_rows()[1] | {"round": 0}
+    for _ in range(3):
+        progress(row)  # must not raise: the sweep's callback goes on writing rows
+    assert len(calls) == 1  # tried once, then stayed quiet
+
+
+def test_errors_quote_at_most_a_short_prefix_of_a_value():
+    with pytest.raises(SpecError) as err:
+        parse_spec("name: big\ngas: " + "x" * 100_000)  # the whole value is what is wrong
+    assert len(str(err.value)) < 400 and "truncated" in str(err.value)

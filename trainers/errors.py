@@ -6,6 +6,8 @@ DDPSweepError            base of every error ddpsweep raises on purpose
 
 from __future__ import annotations
 
+MAX_VALUE_CHARS = 120  # an error quotes at most this much of a value
+
 
 class DDPSweepError(Exception):
     """Base class of ddpsweep's own errors."""
@@ -19,4 +21,6 @@ class ConfigError(DDPSweepError, ValueError):
 
     def __init__(self, field: str, value: object, allowed: str) -> None:
         self.field, self.value, self.allowed = field, value, allowed
-        super().__init__(f"{field}: got {value!r}; allowed: {allowed}")
+        shown = repr(value)
+        shown = shown if len(shown) <= MAX_VALUE_CHARS else shown[:MAX_VALUE_CHARS] + "… (truncated)"
+        super().__init__(f"{field}: got {shown}; allowed: {allowed}")
