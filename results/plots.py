@@ -6,6 +6,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
@@ -27,9 +28,9 @@ def _finish(fig: Figure, ax, **legend) -> Figure:
 def errorbar(ax, x, y, lo, hi, fmt: str = "-o", **kw) -> str:
     """Medians with their 95% intervals as error bars (none where an interval is unknown); the line's colour."""
     y, lo, hi = (pd.Series(v, dtype=float).to_numpy() for v in (y, lo, hi))
-    yerr = [(y - lo), (hi - y)]
-    bars = ax.errorbar(list(x), y, yerr=[[0 if e != e else e for e in side] for side in yerr], fmt=fmt, capsize=3,
-                       **kw)  # fmt: skip
+    # a percentile interval need not contain the point estimate (skewed replicates): never a negative bar
+    yerr = np.nan_to_num(np.clip([y - lo, hi - y], 0, None))
+    bars = ax.errorbar(list(x), y, yerr=yerr, fmt=fmt, capsize=3, **kw)
     return bars.lines[0].get_color()
 
 

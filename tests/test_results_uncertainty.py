@@ -97,3 +97,14 @@ def test_error_rows_are_never_noisy_and_do_not_upset_the_flags():
     rows = pd.DataFrame([row("ddp", 8, 150.0, bucket=float(b), group_id="g", cv=0.01) for b in range(1, 5)])
     rows.loc[1, ["status", "step_ms_cv"]] = ["error", None]
     assert not analysis.noisy_rows(rows).any()
+
+
+def test_error_bars_survive_an_interval_that_misses_its_point_estimate():
+    import matplotlib.pyplot as plt
+
+    from results.plots import errorbar
+
+    fig, ax = plt.subplots()
+    errorbar(ax, [1, 2, 3], [1.0, 2.0, 3.0], [1.1, np.nan, 2.5], [1.5, np.nan, 3.5])  # lo above the point; NaN
+    assert ax.containers[0].lines[0].get_ydata().tolist() == [1.0, 2.0, 3.0]
+    plt.close(fig)
