@@ -46,10 +46,16 @@ class Store:
 
     @classmethod
     def open(cls, uri: str) -> Store:
-        if "://" in uri:
-            fs, path = pafs.FileSystem.from_uri(uri)
-        else:
-            fs, path = pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
+        """The store at `uri`; StoreNotFound (naming --results) for a URI no filesystem serves, or a file."""
+        try:
+            if "://" in uri:
+                fs, path = pafs.FileSystem.from_uri(uri)
+            else:
+                fs, path = pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
+        except (pa.ArrowException, ValueError) as e:
+            raise StoreNotFound(f"--results {uri!r}: not a folder or a filesystem URI pyarrow can open ({e})") from None
+        if isinstance(fs, pafs.LocalFileSystem) and os.path.isfile(path):
+            raise StoreNotFound(f"--results {uri!r} is a file; give the folder that holds (or will hold) the rows")
         return cls(fs=fs, root=path.rstrip("/"), uri=uri)
 
     @property

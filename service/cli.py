@@ -49,6 +49,8 @@ def run(
     try:
         plan = runner.plan_sweep(load_spec(spec), results=results, cluster=cluster, resume=resume, sweep_id=sweep_id)
         if dry_run:
+            if not address and not os.environ.get("RAY_ADDRESS"):
+                runner.check_local(plan)  # the grid must fit this machine's embedded Ray, dry run or not
             typer.echo(cells_table(plan.cells, plan.spec.repeats, plan.spec.isolation))
             return
         os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # Ctrl-C interrupts the sweep (below), not just Tune
@@ -213,6 +215,9 @@ def report(
         typer.echo(out)
     except (ConfigError, ResultsError) as e:
         raise fail(str(e)) from None
+    except OSError as e:
+        what = "a folder for the PNGs" if fmt == "png" else "a writable .html file path"
+        raise fail(f"--out: cannot write {out!r} ({e.strerror or e}); give {what}") from None
 
 
 AddressOpt = Annotated[str | None, typer.Option(help="Ray dashboard, e.g. http://HEAD:8265 (or RAY_ADDRESS)")]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import secrets
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
@@ -236,9 +237,53 @@ def load_spec(path: str | Path) -> SweepSpec:
     return parse_spec(p.read_text(), source=str(path))
 
 
+MAX_SPEC_NODES = 100_000  # YAML nodes after aliases are expanded: an alias bomb stops here
+MAX_SPEC_DEPTH = 20  # nesting levels (a spec needs 3)
+
+
+class StrictLoader(yaml.SafeLoader):
+    """YAML for specs: duplicate keys refused, YAML 1.2 numbers (no `1:30` = 90, `1e-300` is a float),
+    and a bounded size and depth."""
+
+
+_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+StrictLoader.yaml_implicit_resolvers = {
+    k: [r for r in v if r[0] not in _NUMBER_TAGS] for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+StrictLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?[0-9]+$"), list("-+0123456789"))
+StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$"),
+    list("-+.0123456789"),
+)
+
+
+def _check_shape(node: yaml.Node, path: str = "", depth: int = 0, seen: list | None = None) -> None:
+    """Refuse duplicate keys, and specs too deep or too large once aliases are expanded."""
+    seen = seen if seen is not None else [0]
+    seen[0] += 1
+    if seen[0] > MAX_SPEC_NODES or depth > MAX_SPEC_DEPTH:
+        raise SpecError(path or "SPEC", "a structure too large or too deep", f"at most {MAX_SPEC_DEPTH} levels "
+                        f"and {MAX_SPEC_NODES} values once aliases are expanded")  # fmt: skip
+    if isinstance(node, yaml.MappingNode):
+        keys = [k.value for k, _ in node.value]
+        for key, value in node.value:
+            if keys.count(key.value) > 1:
+                raise SpecError(f"{path}{key.value}", "given twice", "each field once")
+            _check_shape(value, f"{path}{key.value}.", depth + 1, seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_shape(item, f"{path}[{i}].", depth + 1, seen)
+
+
 def parse_spec(text: str, source: str = "spec") -> SweepSpec:
     try:
-        data = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=StrictLoader)
+        if node is not None:
+            _check_shape(node)
+        data = yaml.load(text, Loader=StrictLoader)  # noqa: S506 — a SafeLoader subclass
     except yaml.YAMLError as e:
-        raise SpecError(source, "unparseable YAML", f"valid YAML ({e})") from None
+        raise SpecError(source, "unparseable YAML", f"valid YAML ({str(e)[:200]})") from None
+    except RecursionError:
+        raise SpecError(source, "nested too deeply", f"at most {MAX_SPEC_DEPTH} levels") from None
     return spec_from_dict(data, source)

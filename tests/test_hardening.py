@@ -93,3 +93,51 @@ def test_errors_quote_at_most_a_short_prefix_of_a_value():
     with pytest.raises(SpecError) as err:
         parse_spec("name: big\ngas: " + "x" * 100_000)  # the whole value is what is wrong
     assert len(str(err.value)) < 400 and "truncated" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "says"),
+    [
+        ("name: a\ntimed_steps: 1:30\n", "timed_steps", "'1:30'"),  # YAML 1.1 would read 90
+        ("name: a\ngas: [1]\ngas: [2]\n", "gas", "given twice"),  # the last one no longer wins silently
+        (
+            "name: a\n"
+            + "x0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1]\n"
+            + "".join(f"x{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9)),
+            "x",
+            "too large",
+        ),
+        ("name: a\nenv: " + "[" * 900 + "]" * 900 + "\n", "spec", "nested too deeply"),
+    ],
+)
+def test_yaml_traps_are_clear_errors(text, field, says):
+    with pytest.raises(SpecError) as err:
+        parse_spec(text)
+    assert err.value.field.startswith(field) and says in str(err.value)
+
+
+def test_yaml_numbers_are_yaml_1_2():
+    spec = parse_spec("name: a\nbucket_cap_mb: [1e-3, 25]\ncollective_timeout_s: 1.5e2")
+    assert spec.bucket_cap_mb == [0.001, 25] and spec.collective_timeout_s == 150.0
+
+
+def test_a_dry_run_checks_the_grid_against_this_machine(tmp_path):
+    spec = tmp_path / "big.yaml"
+    spec.write_text("name: big\nworkers: [64]\nuse_gpu: false\n")
+    result = CliRunner().invoke(app, ["run", str(spec), "--dry-run", "--results", str(tmp_path / "s")])
+    assert result.exit_code == 2 and "error: workers:" in result.output and "unschedulable" in result.output
+
+
+@pytest.mark.parametrize("results", ["/etc/passwd", "foo://bar"])
+def test_a_results_root_that_is_not_a_store_is_one_clear_line(results):
+    out = CliRunner().invoke(app, ["query", "select 1", "--results", results])
+    assert out.exit_code == 2 and out.output.startswith("error: --results") and "Traceback" not in out.output
+
+
+def test_report_out_paths_that_cannot_be_written_are_clear_errors(seed_store, tmp_path):
+    runner = CliRunner()
+    for args in (["--out", "/nonexistent/r.html"], ["--out", str(tmp_path)],
+                 ["--format", "png", "--out", str(tmp_path / "r.txt")]):  # fmt: skip
+        (tmp_path / "r.txt").write_text("a file where a folder should be")
+        out = runner.invoke(app, ["report", "--results", seed_store, *args])
+        assert out.exit_code == 2 and out.output.startswith("error: --out: cannot write"), out.output
