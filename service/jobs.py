@@ -13,7 +13,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from results.store import Store, valid_label
-from sweeps.spec import SpecError, SweepSpec, new_sweep_id, spec_from_dict
+from sweeps.spec import SpecError, SweepSpec, new_sweep_id, parse_spec
 from trainers.errors import DDPSweepError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -112,14 +112,8 @@ def submit(spec_yaml: str, spec: SweepSpec, *, address: str | None, cluster: str
 
 
 def parse_submission(text: str) -> SweepSpec:
-    """Validate a spec given as YAML or JSON text (JSON is YAML)."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise SpecError("spec", "unparseable", f"YAML or JSON ({e})") from None
-    return spec_from_dict(data)
+    """Validate a spec given as YAML or JSON text (JSON is YAML), with the same strict loader as files."""
+    return parse_spec(text, source="spec")
 
 
 def _require_id(sweep_id: str) -> str:

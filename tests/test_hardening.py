@@ -141,3 +141,17 @@ def test_report_out_paths_that_cannot_be_written_are_clear_errors(seed_store, tm
         (tmp_path / "r.txt").write_text("a file where a folder should be")
         out = runner.invoke(app, ["report", "--results", seed_store, *args])
         assert out.exit_code == 2 and out.output.startswith("error: --out: cannot write"), out.output
+
+
+def test_http_spec_bodies_use_the_strict_loader(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from service.api import ServiceSettings, create_app
+
+    client = TestClient(create_app(ServiceSettings(address=None, results=str(tmp_path), token="t0k")))
+    bomb = "name: a\nx0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+        f"x{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9)
+    )
+    for body, says in ((bomb, "too large"), ("name: a\nname: b\n", "given twice")):
+        r = client.post("/sweeps", content=body, headers={"Authorization": "Bearer t0k"})
+        assert r.status_code == 422 and says in r.json()["error"]["message"] and len(r.content) < 2000
