@@ -24,6 +24,7 @@ import torch.distributed as dist
 from sweeps import fingerprint
 from sweeps.grid import Group, Slot
 from trainers.collectives import allreduce_sweep, broadcast_time, sizes_up_to
+from trainers.model import grad_bytes
 from trainers.stats import median_rel_half_width
 from trainers.step import build_model, release, run_cell
 
@@ -72,14 +73,21 @@ def _measure(slot: Slot, device: torch.device, threads: int, template) -> tuple[
     return (measurement.to_dict() if measurement else None), error
 
 
+def _unrecorded(group: Group, timed_steps: int, device: torch.device, threads: int, template):
+    """A short, fixed run of the group's first cell that makes no row (its measured run reports any error)."""
+    step = replace(group.first.step, warmup_steps=1, timed_steps=timed_steps, target_rel_ci=None)
+    m = None
+    with contextlib.suppress(Exception):
+        m = run_cell(step, device, threads, template)
+    release(device)
+    return m
+
+
 def _warm_up_group(group: Group, device: torch.device, threads: int, template) -> None:
     """One short unrecorded run of the first cell, so that no measured cell pays the process's cold start
     (lazy imports, first allocations, first collectives); then the heap so far is frozen, which keeps the
     garbage collection between cells short (it only walks what the cells themselves allocated)."""
-    step = group.first.step
-    with contextlib.suppress(Exception):  # the measured run of that cell will report its error
-        run_cell(replace(step, warmup_steps=1, timed_steps=1), device, threads, template)
-    release(device)
+    _unrecorded(group, 1, device, threads, template)
     gc.freeze()
 
 
@@ -89,11 +97,7 @@ CONTROL_STEPS = 6  # timed steps of the per-round control probe
 def _control(group: Group, device: torch.device, threads: int, template) -> dict:
     """The round's control: the group's first cell, short and fixed, measured at the start of every round,
     so drift and interference show up as the control moving (rank 0 gets its median and noise)."""
-    step = replace(group.first.step, warmup_steps=1, timed_steps=CONTROL_STEPS, target_rel_ci=None)
-    m = None
-    with contextlib.suppress(Exception):  # a failing cell reports its error in its own measured run
-        m = run_cell(step, device, threads, template)
-    release(device)
+    m = _unrecorded(group, CONTROL_STEPS, device, threads, template)
     if m is None:
         return {}
     return {"control_step_ms": m.step_ms, "control_rel_ci": median_rel_half_width(m.step_times_ms)}
@@ -105,7 +109,7 @@ CPU_CALIBRATION_MAX_BYTES = 64 * 2**20  # fewer, smaller sizes on CPU
 def _calibrate(group: Group, device: torch.device, template) -> dict:
     """An all-reduce sweep from 4 KB up to the model's gradient bytes (at least), and the parameter
     broadcast, on this group's ranks; rank 0 gets {"kind": "calibration", "rows": [...]}."""
-    grad = sum(p.numel() * p.element_size() for p in template.parameters())  # bytes
+    grad = grad_bytes(template)
     top = grad if device.type == "cuda" else min(max(grad, 1 << 20), CPU_CALIBRATION_MAX_BYTES)
     rows = allreduce_sweep(sizes_up_to(top), device, iters=20 if device.type == "cuda" else 10)
     bcast = broadcast_time(template, device)

@@ -147,21 +147,25 @@ def time_steps(step: Hook, n: int, sync: Hook, before: Hook = lambda: None, afte
     return times
 
 
-def reset_peak_memory(device: torch.device) -> None:
-    """Start a cell's peak-memory window (CUDA statistics, or the kernel's VmHWM on Linux)."""
+def reset_peak_memory(device: torch.device) -> bool:
+    """Start a cell's peak-memory window (CUDA statistics, or the kernel's VmHWM on Linux); False where
+    it cannot be reset here."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-        return
+        return True
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # resets VmHWM, the peak resident set size (Linux >= 4.0)
+        return True
     except OSError:
-        pass
+        return False
 
 
-def peak_memory_bytes(device: torch.device) -> int | None:
-    """Peak memory since `reset_peak_memory`: CUDA max allocated, or VmHWM on Linux; None where the
-    only figure is the process's lifetime peak (ru_maxrss), which is not this cell's."""
+def peak_memory_bytes(device: torch.device, window_reset: bool = True) -> int | None:
+    """Peak memory since `reset_peak_memory`: CUDA max allocated, or VmHWM on Linux; None where the window
+    was not reset, since the only figure then is the process's lifetime peak, which is not this cell's."""
+    if not window_reset:
+        return None
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)  # bytes
     try:
@@ -204,7 +208,7 @@ def run_cell(
     """Set up, warm up, time `timed_steps` steps, check replicas. Returns the measurement on rank 0, else None."""
     if device.type == "cpu":
         torch.set_num_threads(num_threads)
-    reset_peak_memory(device)
+    window = reset_peak_memory(device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     t0 = time.perf_counter()
     rep = setup_replica(cfg, device, template)
@@ -218,7 +222,7 @@ def run_cell(
     if distributed(cfg):
         dist.barrier()
     times, converged = timed_phase(cfg, rep, device, sync)
-    in_sync, peak = True, peak_memory_bytes(device)
+    in_sync, peak = True, peak_memory_bytes(device, window)
     if distributed(cfg):
         peak = None if peak is None else int(gather_max([float(peak)], device)[0])
         in_sync = replicas_in_sync(rep.model, device)
