@@ -1,24 +1,47 @@
 """Exceptions of the results layer.
 
-ResultsError             base of every results error (a user mistake, never a bug)
-├── StoreNotFound        the results root is missing or holds no rows
-├── UnknownSelection     a cluster or sweep label that is not in the store (lists what is)
-└── QueryError           a SQL query failed or was refused by the sandbox
+ResultsError (a DDPSweepError)   400  base of every results error (a user mistake, never a bug)
+├── StoreNotFound                404  the results root is missing or holds no rows
+├── UnknownSelection             404  a cluster or sweep label that is not in the store (lists what is)
+├── LabelError                   422  a cluster / sweep / cell label that is not a safe path segment
+└── QueryError                   400  a SQL query failed, was refused by the sandbox, or hit a limit
+
+The root, trainers.errors.DDPSweepError, is the one module of `trainers` that `results` may import:
+it imports nothing itself.
 """
 
 from __future__ import annotations
 
+from trainers.errors import DDPSweepError
 
-class ResultsError(Exception):
+
+class ResultsError(DDPSweepError):
     """Base class of the results layer's errors."""
+
+    http_status = 400
 
 
 class StoreNotFound(ResultsError):
     """The results root does not exist or holds no Parquet rows."""
 
+    http_status = 404
+
 
 class UnknownSelection(ResultsError):
     """A requested cluster or sweep is not in the store."""
+
+    http_status = 404
+
+
+class LabelError(ResultsError, ValueError):
+    """A label (cluster, sweep id, cell id) is not a safe path segment. `field` names which."""
+
+    http_status = 422
+
+    def __init__(self, field: str, value: str) -> None:
+        self.field = field
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:80] + "…"
+        super().__init__(f"{field} {shown} is not a valid label: use letters, digits, '_', '.', '-' (max 64)")
 
 
 class QueryError(ResultsError):

@@ -1,16 +1,22 @@
-"""matplotlib figures over result rows (Agg backend; no screen needed)."""
+"""matplotlib figures over result rows.
+
+Figures are plain `matplotlib.figure.Figure` objects, never pyplot: pyplot's global figure manager is not
+thread-safe, and the HTTP server renders reports for concurrent requests on a thread pool.
+"""
 
 from __future__ import annotations
 
-import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+from results import analysis
 
-from results import analysis  # noqa: E402
+
+def _subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float], squeeze: bool = True):
+    """pyplot.subplots without pyplot's global state (each call owns its figure; nothing to close)."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols, squeeze=squeeze)
 
 
 def _ddp_cells(rows: pd.DataFrame) -> pd.DataFrame:
@@ -47,7 +53,7 @@ def u_curve_figure(rows: pd.DataFrame) -> Figure:
     t = _ddp_cells(rows)
     t = t[t["bucket_cap_mb"].notna()]
     clusters, gases = sorted(t["cluster"].unique()) or ["-"], sorted(t["gas"].unique()) or [1]
-    fig, axes = plt.subplots(len(clusters), len(gases), figsize=(5.5 * len(gases), 3.8 * len(clusters)), squeeze=False)
+    fig, axes = _subplots(len(clusters), len(gases), figsize=(5.5 * len(gases), 3.8 * len(clusters)), squeeze=False)
     for (i, cluster), (j, gas) in ((ci, gj) for ci in enumerate(clusters) for gj in enumerate(gases)):
         ax, sub = axes[i][j], t[(t["cluster"] == cluster) & (t["gas"] == gas)]
         for (world, ns), line in sub.groupby(["world_size", "no_sync"]):
@@ -71,7 +77,7 @@ def u_curve_figure(rows: pd.DataFrame) -> Figure:
 def efficiency_figure(rows: pd.DataFrame) -> Figure:
     """Best scaling efficiency (over buckets) against world size, a line per (cluster, gas, no_sync)."""
     t = _ddp_cells(rows)
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = _subplots(figsize=(6, 4))
     sizes = sorted({1, *t["world_size"].dropna().astype(int)})
     for (cluster, gas, ns), grp in t.groupby(["cluster", "gas", "no_sync"]):
         best = grp.loc[grp.groupby("world_size")["efficiency"].idxmax()].sort_values("world_size")
@@ -90,7 +96,7 @@ def efficiency_figure(rows: pd.DataFrame) -> Figure:
 def no_sync_figure(rows: pd.DataFrame) -> Figure:
     """Throughput against gas with and without no_sync (best bucket), per cluster and world size."""
     t = _ddp_cells(rows)
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = _subplots(figsize=(6, 4))
     for (cluster, world, ns), grp in t.groupby(["cluster", "world_size", "no_sync"]):
         best = grp.loc[grp.groupby("gas")["tokens_per_s"].idxmax()].sort_values("gas")
         tokens = best["tokens_per_step"] / 1e3  # ktokens per step; tokens/s = tokens / step time
@@ -106,7 +112,7 @@ def no_sync_figure(rows: pd.DataFrame) -> Figure:
 def measured_vs_predicted_figure(rows: pd.DataFrame, algbw_bytes_per_s: float) -> Figure:
     """Single-bucket exposed communication beside the no-overlap all-reduce prediction S / algbw."""
     t = analysis.measured_vs_predicted(rows, algbw_bytes_per_s)
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = _subplots(figsize=(6, 4))
     labels = [f"{r.cluster}\n{r.world_size} ranks gas={r.gas}" for r in t.itertuples()]
     x = range(len(t))
     measured = t["measured_single_bucket_overhead_ms"]
@@ -132,7 +138,7 @@ def calibration_figure(calibration: pd.DataFrame) -> Figure:
     """busbw against message size (log x), a line per fit, with the α–β model's prediction dashed."""
     from results import costmodel
 
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = _subplots(figsize=(6.5, 4))
     for _, fit in costmodel.fits(calibration).iterrows():
         n = fit["world_size"]
         sizes, ms = fit["curve_bytes"], fit["curve_ms"]
@@ -155,7 +161,7 @@ def overlap_figure(rows: pd.DataFrame) -> Figure:
     traced = rows[(rows["status"] == "ok") & rows["comm_ms"].notna()]
     keys = ["cluster", "world_size", "gas", "no_sync"]
     panels = list(traced.groupby(keys))
-    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.5 * max(1, len(panels)), 3.8), squeeze=False)
+    fig, axes = _subplots(1, max(1, len(panels)), figsize=(5.5 * max(1, len(panels)), 3.8), squeeze=False)
     for ax, (key, grp) in zip(axes[0], panels, strict=False):
         by = grp.groupby("bucket_cap_mb")[["comm_ms", "comm_exposed_ms"]].median().sort_index()
         labels = [f"{b:g}" for b in by.index]

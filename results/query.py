@@ -38,29 +38,51 @@ MAX_RESULT_ROWS = 100_000
 NOWHERE = "/nonexistent/ddpsweep"  # where DuckDB would look for secrets and extensions: never the server's home
 
 
-def views(root: str) -> dict[str, pd.DataFrame | object]:
-    """The query views of a store (arrow table for `cells`, DataFrames for the analyses)."""
+def views(root: str, sql: str | None = None) -> dict[str, pd.DataFrame | object]:
+    """The query views of a store (arrow table for `cells`, DataFrames for the analyses); with `sql`, only
+    those it can use (see views_of)."""
     store = Store.open(root)
-    table, calibration = store.read_table(), store.read_calibration().to_pandas()
-    if table.num_rows == 0 and calibration.empty:
-        raise StoreNotFound(f"no results under {root!r}: run a sweep first (ddpsweep run SPEC --results {root})")
-    rows = table.to_pandas()
-    intervals = analysis.ok_cells(rows)[[*analysis.CONFIG_KEYS, *INTERVAL_COLUMNS]]
-    table = table.append_column("round_drifted", pa.array(analysis.drifted_rounds(rows).to_numpy()))
-    table = table.append_column("noisy", pa.array(analysis.noisy_rows(rows).to_numpy()))
-    fits = costmodel.fits(calibration)
-    return {
-        "cells": table,
-        "calibration": calibration,
-        "alpha_beta": fits.drop(columns=["curve_bytes", "curve_ms"], errors="ignore"),
-        "cell_intervals": intervals,
-        "cells_vs_baseline": analysis.with_baseline(rows),
-        "u_curve": analysis.u_curve(rows),
-        "no_sync_gain": analysis.no_sync_gain(rows),
-    }
+    return views_of(store.read_table(), store.read_calibration().to_pandas(), sql, root)
 
 
 INTERVAL_COLUMNS = ["step_ms_ci_lo", "step_ms_ci_hi", "n_repeats", "n_steps"]
+CELL_FLAGS = ["round_drifted", "noisy"]
+ANALYSES = {
+    "cells_vs_baseline": analysis.with_baseline, "u_curve": analysis.u_curve,
+    "no_sync_gain": analysis.no_sync_gain,
+}  # fmt: skip
+
+
+def _uses(sql: str | None, *names: str) -> bool:
+    """Whether `sql` can reach any of `names` (a name, `*` or DuckDB's COLUMNS(...) selects by pattern).
+    A view or column can only be reached through its name or one of those: a view the query cannot
+    reach is not computed (the analyses bootstrap every cell; `select count(*) from cells` needs none)."""
+    if sql is None:
+        return True
+    text = sql.lower()
+    return "*" in text.replace("count(*)", "") or "columns(" in text or any(n in text for n in names)
+
+
+def views_of(table: pa.Table, calibration: pd.DataFrame, sql: str | None = None,
+             root: str = "the store") -> dict[str, pd.DataFrame | object]:  # fmt: skip
+    """The views over rows already read (the server keeps them in memory)."""
+    if table.num_rows == 0 and calibration.empty:
+        raise StoreNotFound(f"no results under {root!r}: run a sweep first (ddpsweep run SPEC --results {root})")
+    out: dict[str, pd.DataFrame | object] = {"calibration": calibration}
+    rows = table.to_pandas() if _uses(sql, *INTERVAL_COLUMNS, *CELL_FLAGS, "cell_intervals", *ANALYSES) else None
+    if rows is not None and _uses(sql, *INTERVAL_COLUMNS, "cell_intervals"):
+        out["cell_intervals"] = analysis.ok_cells(rows)[[*analysis.CONFIG_KEYS, *INTERVAL_COLUMNS]]
+    if rows is not None and _uses(sql, *CELL_FLAGS):
+        table = table.append_column("round_drifted", pa.array(analysis.drifted_rounds(rows).to_numpy()))
+        table = table.append_column("noisy", pa.array(analysis.noisy_rows(rows).to_numpy()))
+    out["cells"] = table
+    if _uses(sql, "alpha_beta"):
+        fits = costmodel.fits(calibration)
+        out["alpha_beta"] = fits.drop(columns=["curve_bytes", "curve_ms"], errors="ignore")
+    for name, compute in ANALYSES.items():
+        if rows is not None and _uses(sql, name):
+            out[name] = compute(rows)
+    return out
 
 
 def _cells_view() -> str:
@@ -143,11 +165,13 @@ def _to_df(batches: list) -> pd.DataFrame:
     return pa.Table.from_batches(batches).to_pandas()
 
 
-def query(root: str, sql: str, *, timeout_s: float | None = None, max_rows: int | None = None) -> pd.DataFrame:
+def query(root: str, sql: str, *, timeout_s: float | None = None, max_rows: int | None = None,
+          frames: dict[str, object] | None = None) -> pd.DataFrame:  # fmt: skip
     """Run one read-only SQL query over the store's views (limits default to QUERY_TIMEOUT_S and
-    MAX_RESULT_ROWS). Raises QueryError with DuckDB's message, scrubbed of server paths."""
+    MAX_RESULT_ROWS; `frames`: views already built, e.g. from the server's cached rows). Raises QueryError
+    with DuckDB's message, scrubbed of server paths."""
     check_read_only(sql)
-    con = sandboxed(views(root))
+    con = sandboxed(frames if frames is not None else views(root, sql))
     try:
         return run_limited(con, sql, timeout_s or QUERY_TIMEOUT_S, max_rows or MAX_RESULT_ROWS)
     except duckdb.Error as e:

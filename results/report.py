@@ -5,10 +5,10 @@ from __future__ import annotations
 import base64
 import html
 import io
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 
@@ -17,6 +17,11 @@ from results import analysis, plots
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
 th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee;margin:0.5em 0}h2{margin-top:1.5em}"""
+
+
+# matplotlib's text layout (its mathtext parser and font caches) is shared by every figure and not thread-safe,
+# even without pyplot: one report renders at a time in a process (the HTTP server renders on a thread pool).
+RENDER_LOCK = threading.Lock()
 
 
 def figures(rows: pd.DataFrame, algbw_bytes_per_s: float | None = None,
@@ -41,12 +46,17 @@ def figures(rows: pd.DataFrame, algbw_bytes_per_s: float | None = None,
 def _png(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
     return buf.getvalue()
 
 
 def write_pngs(rows: pd.DataFrame, out_dir: str | Path, algbw_bytes_per_s: float | None = None,
                calibration: pd.DataFrame | None = None) -> list[Path]:  # fmt: skip
+    with RENDER_LOCK:
+        return _write_pngs(rows, out_dir, algbw_bytes_per_s, calibration)
+
+
+def _write_pngs(rows: pd.DataFrame, out_dir: str | Path, algbw_bytes_per_s: float | None,
+                calibration: pd.DataFrame | None) -> list[Path]:  # fmt: skip
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -110,8 +120,10 @@ def render_html(rows: pd.DataFrame, title: str, algbw_bytes_per_s: float | None 
              f"<p>{len(rows)} rows ({len(rows) - len(ok)} errors) from clusters "
              f"{html.escape(', '.join(sorted(rows['cluster'].unique())))}; generated "
              f"{datetime.now(UTC):%Y-%m-%d %H:%M UTC}.</p>"]  # fmt: skip
-    for stem, fig in figures(rows, algbw_bytes_per_s, calibration).items():
-        data = base64.b64encode(_png(fig)).decode()
+    with RENDER_LOCK:
+        images = {stem: base64.b64encode(_png(fig)).decode() for stem, fig in figures(rows, algbw_bytes_per_s,
+                                                                                      calibration).items()}  # fmt: skip
+    for stem, data in images.items():
         parts.append(f"<h2>{stem.replace('_', ' ')}</h2><img alt='{stem}' src='data:image/png;base64,{data}'>")
     curve = analysis.u_curve(rows)
     parts.append(

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import re
+import urllib.parse
 import uuid
 from dataclasses import dataclass
 
@@ -18,11 +19,14 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from results.errors import StoreNotFound, UnknownSelection
-from results.schema import CALIBRATION, SCHEMA, conform, conform_to, impossible, row_table
+from results import reader
+from results.errors import LabelError, ResultsError, StoreNotFound, UnknownSelection
+from results.reader import FileStat
+from results.schema import CALIBRATION, conform_to, row_table
 
 log = logging.getLogger(__name__)
 LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+LABEL_RULE = "a label of letters, digits, '_', '.', '-' (max 64)"
 
 
 def valid_label(value: str) -> bool:
@@ -30,9 +34,10 @@ def valid_label(value: str) -> bool:
     return bool(LABEL_RE.match(value)) and ".." not in value
 
 
-def _require_label(kind: str, value: str) -> str:
-    if not valid_label(value):
-        raise ValueError(f"{kind} {value!r} is not a valid label: use letters, digits, '_', '.', '-' (max 64)")
+def require_label(field: str, value: str) -> str:
+    """`value` if it is a valid label, else LabelError naming `field` (the one label check of the project)."""
+    if not isinstance(value, str) or not valid_label(value):
+        raise LabelError(field, value)
     return value
 
 
@@ -48,27 +53,40 @@ class Store:
     def open(cls, uri: str) -> Store:
         """The store at `uri`; StoreNotFound (naming --results) for a URI no filesystem serves, or a file."""
         try:
-            if "://" in uri:
+            if uri.startswith("s3://"):
+                fs, path = _s3(uri)
+            elif "://" in uri:
                 fs, path = pafs.FileSystem.from_uri(uri)
             else:
                 fs, path = pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
         except (pa.ArrowException, ValueError) as e:
             raise StoreNotFound(f"--results {uri!r}: not a folder or a filesystem URI pyarrow can open ({e})") from None
+        except OSError as e:  # e.g. an s3:// bucket whose region cannot be resolved (no network, no such bucket)
+            raise StoreNotFound(f"--results {uri!r}: cannot reach it ({_first_line(e)})") from None
         if isinstance(fs, pafs.LocalFileSystem) and os.path.isfile(path):
             raise StoreNotFound(f"--results {uri!r} is a file; give the folder that holds (or will hold) the rows")
         return cls(fs=fs, root=path.rstrip("/"), uri=uri)
+
+    def ensure_writable(self) -> None:
+        """Create the root if needed; an unreachable or read-only root is a StoreNotFound naming it (a sweep
+        checks this before it measures anything)."""
+        try:
+            self.fs.create_dir(self.root, recursive=True)
+            self.fs.get_file_info(self.root)
+        except OSError as e:
+            raise StoreNotFound(f"--results {self.uri!r}: cannot write there ({_first_line(e)})") from None
 
     @property
     def is_local(self) -> bool:
         return isinstance(self.fs, pafs.LocalFileSystem)
 
     def sweep_dir(self, cluster: str, sweep_id: str) -> str:
-        return f"{self.root}/cluster={_require_label('cluster', cluster)}/sweep={_require_label('sweep', sweep_id)}"
+        return f"{self.root}/cluster={require_label('cluster', cluster)}/sweep={require_label('sweep', sweep_id)}"
 
     def write_row(self, row: dict) -> str:
         """Write one row atomically (temporary name, then rename). Returns the file's path."""
         table = row_table(row)
-        name = f"{_require_label('cell', row['cell_id'])}-r{int(row['repeat'])}.parquet"
+        name = f"{require_label('cell', row['cell_id'])}-r{int(row['repeat'])}.parquet"
         return self._write_atomic(self.sweep_dir(row["cluster"], row["sweep_id"]), name,
                                   lambda out: pq.write_table(table, out))  # fmt: skip
 
@@ -86,21 +104,21 @@ class Store:
         folder (a leading '_' keeps it out of the cell rows; a resumed group adds a file, never replaces one)."""
         first = rows[0]
         folder = self.sweep_dir(first["cluster"], first["sweep_id"])
-        name = f"_calibration-{_require_label('group', first['group_id'])}-{uuid.uuid4().hex[:6]}.parquet"
+        name = f"_calibration-{require_label('group', first['group_id'])}-{uuid.uuid4().hex[:6]}.parquet"
         table = pa.Table.from_pylist([{f.name: r.get(f.name) for f in CALIBRATION} for r in rows], schema=CALIBRATION)
         return self._write_atomic(folder, name, lambda out: pq.write_table(table, out))
 
     def read_calibration(self, cluster: str | None = None, sweep: str | None = None) -> pa.Table:
         """Every calibration row under the root (optionally one cluster / sweep), in CALIBRATION."""
-        base = self.root if cluster is None else f"{self.root}/cluster={_require_label('cluster', cluster)}"
-        infos = self.fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+        base = self.root if cluster is None else f"{self.root}/cluster={require_label('cluster', cluster)}"
         tables = []
-        for info in infos:
-            if info.base_name.startswith("_calibration-") and (sweep is None or f"/sweep={sweep}/" in info.path):
+        for path in (f.path for f in self._walk(base)):
+            name = path.rsplit("/", 1)[-1]
+            if name.startswith("_calibration-") and name.endswith(".parquet") and _in_sweep(path, sweep):
                 try:
-                    tables.append(conform_to(pq.read_table(info.path, filesystem=self.fs), CALIBRATION))
+                    tables.append(conform_to(pq.read_table(path, filesystem=self.fs), CALIBRATION))
                 except (pa.ArrowException, OSError) as e:
-                    log.warning("skipping unreadable calibration file %s: %s", info.path, e)
+                    log.warning("skipping unreadable calibration file %s: %s", path, e)
         return pa.concat_tables(tables) if tables else CALIBRATION.empty_table()
 
     def write_manifest(self, cluster: str, sweep_id: str, manifest: dict) -> None:
@@ -113,39 +131,67 @@ class Store:
         if self.fs.get_file_info(path).type != pafs.FileType.File:
             return None
         with self.fs.open_input_stream(path) as f:
-            return json.loads(f.read())
+            text = f.read()
+        try:
+            manifest = json.loads(text)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ResultsError(f"sweep {sweep_id}: its _sweep.json is corrupt ({e}); start a new sweep") from None
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("cells"), list):
+            raise ResultsError(f"sweep {sweep_id}: its _sweep.json holds no list of cells; start a new sweep instead")
+        return manifest
 
     def files(self, cluster: str | None = None, sweep: str | None = None) -> list[str]:
         """Row files under the root (optionally one cluster / sweep), hidden and temporary files excluded."""
+        return [f.path for f in self.listing(cluster, sweep)]
+
+    def listing(self, cluster: str | None = None, sweep: str | None = None) -> list[FileStat]:
+        """Row files (compacted ones included) as `cluster=<c>/sweep=<s>/<name>.parquet` with their mtime and
+        size, sorted by path; nothing else under the root is ever read."""
         base = self.root
         if cluster is not None:
-            base += f"/cluster={_require_label('cluster', cluster)}"
+            base += f"/cluster={require_label('cluster', cluster)}"
             if sweep is not None:
-                base += f"/sweep={_require_label('sweep', sweep)}"
-        infos = self.fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+                base += f"/sweep={require_label('sweep', sweep)}"
         keep = []
-        for info in infos:
-            name = info.base_name
-            is_row = info.type == pafs.FileType.File and name.endswith(".parquet") and not name.startswith((".", "_"))
-            if is_row and (sweep is None or f"/sweep={sweep}/" in info.path):
-                keep.append(info.path)
-        return sorted(keep)
+        for stat in self._walk(base):
+            parts = stat.path[len(self.root) + 1 :].split("/")  # cluster=<c>/sweep=<s>/<name>, nothing else
+            if len(parts) != 3 or not (parts[0].startswith("cluster=") and parts[1].startswith("sweep=")):
+                continue
+            name = parts[2]
+            if name.endswith(".parquet") and not name.startswith((".", "_")) and _in_sweep(stat.path, sweep):
+                keep.append(stat)
+        return sorted(keep, key=lambda f: f.path)
+
+    def _walk(self, base: str) -> list[FileStat]:
+        """Every regular file under `base`. On a local root symbolic links are never followed (a link to
+        another store cannot add its rows, a loop cannot multiply them); each one skipped is logged."""
+        if not self.is_local:
+            selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
+            try:
+                infos = self.fs.get_file_info(selector)
+            except OSError as e:
+                raise StoreNotFound(f"--results {self.uri!r}: cannot list it ({_first_line(e)})") from None
+            return [FileStat(i.path, i.mtime_ns or 0, i.size or 0) for i in infos if i.type == pafs.FileType.File]
+        found: list[FileStat] = []
+        stack = [base]
+        while stack:
+            try:
+                entries = list(os.scandir(stack.pop()))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for entry in entries:
+                if entry.is_symlink():
+                    log.warning("skipping symbolic link %s in the results store (links are never followed)", entry.path)
+                elif entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    st = entry.stat(follow_symlinks=False)
+                    found.append(FileStat(entry.path, st.st_mtime_ns, st.st_size))
+        return found
 
     def read_table(self, cluster: str | None = None, sweep: str | None = None) -> pa.Table:
-        """All rows as one table in SCHEMA. Unreadable files are skipped with a warning naming them."""
-        tables = []
-        for path in self.files(cluster, sweep):
-            try:
-                table = pq.read_table(path, filesystem=self.fs)
-            except (pa.ArrowException, OSError) as e:
-                log.warning("skipping unreadable results file %s: %s", path, e)
-                continue
-            missing = [c for c in REQUIRED if c not in table.column_names]
-            if missing:
-                log.warning("skipping results file %s: not a ddpsweep row file (no %s)", path, ", ".join(missing))
-                continue
-            tables.append(_drop_impossible(conform(table), path))
-        return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
+        """All rows as one table in SCHEMA, read in parallel (see results.reader for the guarantees)."""
+        return reader.combine(reader.read_files(self.fs, self.files(cluster, sweep)).values())
 
     def labels(self) -> dict[str, list[str]]:
         """{cluster: [sweep ids]} present under the root."""
@@ -157,17 +203,31 @@ class Store:
         return {c: sorted(s) for c, s in sorted(found.items())}
 
 
-REQUIRED = [f.name for f in SCHEMA if not f.nullable]
+S3_OPTIONS = ("endpoint_override", "region", "scheme", "allow_bucket_creation")
 
 
-def _drop_impossible(table: pa.Table, path: str) -> pa.Table:
-    """Rows whose measurement cannot be real are skipped with a warning naming the file."""
-    rows = table.to_pylist()
-    keep = [impossible(r) is None for r in rows]
-    if all(keep):
-        return table
-    log.warning("skipping %d row(s) of %s with an impossible measurement", keep.count(False), path)
-    return table.filter(pa.array(keep))
+def _s3(uri: str) -> tuple[pafs.FileSystem, str]:
+    """An S3 filesystem with bounded connect / request timeouts and retries: an unreachable endpoint is an
+    error in about a second, not after a minute of retries. Takes pyarrow's URI options
+    (`?endpoint_override=host:port&scheme=http&region=…`); credentials come from the usual AWS variables."""
+    parsed = urllib.parse.urlparse(uri)
+    options = dict(urllib.parse.parse_qsl(parsed.query))
+    unknown = sorted(set(options) - set(S3_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown option(s) {', '.join(unknown)}; allowed: {', '.join(S3_OPTIONS)}")
+    if "allow_bucket_creation" in options:
+        options["allow_bucket_creation"] = options["allow_bucket_creation"].lower() in ("1", "true", "yes")
+    fs = pafs.S3FileSystem(connect_timeout=3, request_timeout=10,
+                           retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2), **options)  # fmt: skip
+    return fs, f"{parsed.netloc}{parsed.path}"
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+
+
+def _in_sweep(path: str, sweep: str | None) -> bool:
+    return sweep is None or f"/sweep={sweep}/" in path
 
 
 def load(root: str, cluster: str | None = None, sweep: str | None = None) -> pd.DataFrame:

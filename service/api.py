@@ -10,6 +10,7 @@ import html
 import io
 import json
 import logging
+import os
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -23,9 +24,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from results import compare as compare_mod
 from results import query as query_mod
-from results.errors import QueryError, ResultsError, StoreNotFound, UnknownSelection
+from results.cache import CachedStore
 from results.report import render_html
-from results.store import load, load_calibration, valid_label
+from results.store import require_label
 from service import jobs
 from trainers.errors import ConfigError, DDPSweepError
 
@@ -40,12 +41,15 @@ class ServiceSettings:
     results: str  # results root
     token: str | None  # bearer token for mutating endpoints and /query
     max_body_bytes: int = MAX_BODY_BYTES
+    public_reads: bool = True  # reads without a token; `serve` sets False when it binds beyond loopback
 
 
-class ApiError(Exception):
+class ApiError(DDPSweepError):
+    """An error of the HTTP edge itself (auth, body size, request shape); carries its own status."""
+
     def __init__(self, status: int, type_: str, message: str, field: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.type, self.message, self.field = status, type_, message, field
+        self.http_status, self.type, self.message, self.field = status, type_, message, field
 
 
 def _error_response(status: int, type_: str, message: str, field: str | None = None) -> JSONResponse:
@@ -54,22 +58,23 @@ def _error_response(status: int, type_: str, message: str, field: str | None = N
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def _status_for(exc: Exception) -> int:
-    if isinstance(exc, (UnknownSelection, StoreNotFound, jobs.SweepNotFound)):
-        return 404
-    if isinstance(exc, ConfigError):
-        return 422
-    if isinstance(exc, (QueryError, ResultsError)):
-        return 400
-    if isinstance(exc, jobs.JobsError):
-        return 503
-    return 500
+def scrub_paths(message: str, *roots: str) -> str:
+    """The message with the server's results root, working directory and home folder replaced by names:
+    no response shows a filesystem path of the server."""
+    for root, name in [(r, "<results>") for r in roots] + [(os.getcwd(), "<cwd>"), (os.path.expanduser("~"), "<home>")]:
+        if root and len(root) > 1:
+            for form in {root, os.path.abspath(os.path.expanduser(root))}:
+                message = message.replace(form, name)
+    return message
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, exc: ApiError):
-        return _error_response(exc.status, exc.type, exc.message, exc.field)
+def install_error_handlers(app: FastAPI, settings: ServiceSettings) -> None:
+    async def known_error(_: Request, exc: DDPSweepError):
+        message = scrub_paths(getattr(exc, "message", None) or str(exc), settings.results)
+        return _error_response(exc.http_status, getattr(exc, "type", type(exc).__name__), message,
+                               getattr(exc, "field", None))  # fmt: skip
+
+    app.add_exception_handler(DDPSweepError, known_error)  # every error of the tree carries its http_status
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException):
@@ -81,16 +86,16 @@ def install_error_handlers(app: FastAPI) -> None:
         field = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query"))
         return _error_response(422, "ValidationError", first.get("msg", "invalid request"), field or None)
 
-    async def known_error(_: Request, exc: Exception):
-        return _error_response(_status_for(exc), type(exc).__name__, str(exc), getattr(exc, "field", None))
-
-    app.add_exception_handler(DDPSweepError, known_error)  # ConfigError, SpecError, JobsError
-    app.add_exception_handler(ResultsError, known_error)
-
-    @app.exception_handler(Exception)
-    async def unexpected_error(_: Request, exc: Exception):
-        log.exception("unhandled error")
-        return _error_response(500, "InternalError", "internal error (see the server log)")
+    @app.middleware("http")
+    async def unexpected_error(request: Request, call_next):
+        # A handler for `Exception` would run in Starlette's ServerErrorMiddleware, which answers and then
+        # re-raises, so the server drops the keep-alive connection and the client's next request on it.
+        # Caught here, a bug is one 500 response and the connection stays usable.
+        try:
+            return await call_next(request)
+        except Exception:  # noqa: BLE001
+            log.exception("unhandled error")
+            return _error_response(500, "InternalError", "internal error (see the server log)")
 
 
 def require_token(settings: ServiceSettings):
@@ -117,9 +122,7 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def _label(kind: str, value: str | None) -> str | None:
-    if value is not None and not valid_label(value):
-        raise ApiError(422, "ValidationError", f"{kind} {value!r} is not a valid label", kind)
-    return value
+    return value if value is None else require_label(kind, value)
 
 
 class QueryBody(BaseModel):
@@ -137,35 +140,56 @@ def _frame_response(df: pd.DataFrame, fmt: str) -> Response:
     return Response(df.to_json(orient="records", date_format="iso"), media_type="application/json")
 
 
+def _cached_query(cache: CachedStore, sql: str) -> pd.DataFrame:
+    query_mod.check_read_only(sql)  # refused before anything is computed
+    frames = query_mod.views_of(cache.table(), cache.calibration(), sql, cache.root)
+    return query_mod.query(cache.root, sql, frames=frames)
+
+
 def create_app(settings: ServiceSettings) -> FastAPI:
     """The ddpsweep HTTP API (OpenAPI at /openapi.json, interactive docs at /docs)."""
     app = FastAPI(title="ddpsweep", version="0.1.0",
                   description="Submit DDP sweeps to a Ray cluster and query their Parquet results.")  # fmt: skip
-    install_error_handlers(app)
+    install_error_handlers(app, settings)
     auth = Depends(require_token(settings))
-    add_sweep_routes(app, settings, auth)
-    add_result_routes(app, settings, auth)
+    # Reads (rows, fingerprints with host names and NCCL settings, logs, the pages) are open on loopback only:
+    # bound beyond it, every endpoint but the API docs asks for the token.
+    read_auth = [] if settings.public_reads else [auth]
+    add_sweep_routes(app, settings, auth, read_auth)
+    add_result_routes(app, settings, CachedStore(settings.results), auth, read_auth)
     return app
 
 
-def add_sweep_routes(app: FastAPI, settings: ServiceSettings, auth) -> None:
+def add_sweep_routes(app: FastAPI, settings: ServiceSettings, auth, read_auth: list) -> None:
     @app.post("/sweeps", status_code=201, dependencies=[auth], summary="Submit a sweep (spec as YAML or JSON)")
     async def submit_sweep(request: Request, cluster: str | None = None, results: str | None = None) -> dict:
+        if results is not None and results != settings.results:  # the server's root is the only one it writes to
+            raise ApiError(422, "ValidationError", "results: this server writes only to its own --results root; "
+                           "leave the parameter out", "results")  # fmt: skip
         text = (await read_body(request, settings.max_body_bytes)).decode("utf-8", errors="replace")
         spec = jobs.parse_submission(text)  # 422 naming the field, before anything is submitted
         sweep_id, job_id = jobs.submit(text, spec, address=settings.address, cluster=_label("cluster", cluster),
-                                       results=results or settings.results)  # fmt: skip
+                                       results=settings.results)  # fmt: skip
         return {"sweep_id": sweep_id, "job_id": job_id}
 
-    @app.get("/sweeps", summary="Every sweep the cluster knows: job state, cells written / planned, errors")
+    @app.get(
+        "/sweeps",
+        dependencies=read_auth,
+        summary="Every sweep the cluster knows: job state, cells written / planned, errors",
+    )
     def list_sweeps() -> list[dict]:
         return [s.to_dict() for s in jobs.status(settings.address)]
 
-    @app.get("/sweeps/{sweep_id}", summary="One sweep's state")
+    @app.get("/sweeps/{sweep_id}", dependencies=read_auth, summary="One sweep's state")
     def get_sweep(sweep_id: str) -> dict:
         return jobs.status(settings.address, _label("sweep_id", sweep_id))[0].to_dict()
 
-    @app.get("/sweeps/{sweep_id}/logs", response_class=PlainTextResponse, summary="The sweep job's output")
+    @app.get(
+        "/sweeps/{sweep_id}/logs",
+        response_class=PlainTextResponse,
+        dependencies=read_auth,
+        summary="The sweep job's output",
+    )
     def sweep_logs(sweep_id: str) -> str:
         return jobs.logs(settings.address, _label("sweep_id", sweep_id))
 
@@ -173,7 +197,7 @@ def add_sweep_routes(app: FastAPI, settings: ServiceSettings, auth) -> None:
     def stop_sweep(sweep_id: str) -> dict:
         return {"sweep_id": sweep_id, "stopped": jobs.stop(settings.address, _label("sweep_id", sweep_id))}
 
-    @app.get("/", response_class=HTMLResponse, summary="HTML index of sweeps")
+    @app.get("/", response_class=HTMLResponse, dependencies=read_auth, summary="HTML index of sweeps")
     def index() -> str:
         try:
             sweeps = jobs.status(settings.address)
@@ -194,15 +218,15 @@ def add_sweep_routes(app: FastAPI, settings: ServiceSettings, auth) -> None:
                 f"</body></html>")  # fmt: skip
 
 
-def add_result_routes(app: FastAPI, settings: ServiceSettings, auth) -> None:
-    @app.get("/cells", summary="Result rows, filtered; json, csv or parquet")
+def add_result_routes(app: FastAPI, settings: ServiceSettings, cache: CachedStore, auth, read_auth: list) -> None:
+    @app.get("/cells", dependencies=read_auth, summary="Result rows, filtered; json, csv or parquet")
     def cells(
         cluster: str | None = None, sweep: str | None = None, model: str | None = None,
         world_size: int | None = None, gas: int | None = None, no_sync: bool | None = None,
         status: Literal["ok", "error"] | None = None,
         format: Literal["json", "csv", "parquet"] = "json",
     ) -> Response:  # fmt: skip
-        rows = load(settings.results, cluster=_label("cluster", cluster), sweep=_label("sweep", sweep))
+        rows = cache.rows(_label("cluster", cluster), _label("sweep", sweep))
         for col, value in {"model": model, "world_size": world_size, "gas": gas, "no_sync": no_sync,
                            "status": status}.items():  # fmt: skip
             if value is not None:
@@ -218,21 +242,21 @@ def add_result_routes(app: FastAPI, settings: ServiceSettings, auth) -> None:
             message = f"body must be {{'sql': …, 'format': 'json'|'csv'}}: {e}"
             raise ApiError(422, "ValidationError", message, "sql") from None
         # DuckDB runs in the thread pool, never on the event loop: one slow query holds no other request.
-        frame = await run_in_threadpool(query_mod.query, settings.results, body.sql)
+        frame = await run_in_threadpool(_cached_query, cache, body.sql)
         return _frame_response(frame, body.format)
 
-    @app.get("/compare", summary="Two clusters side by side")
+    @app.get("/compare", dependencies=read_auth, summary="Two clusters side by side")
     def compare(cluster: Annotated[list[str], Query()], sweep: Annotated[list[str] | None, Query()] = None) -> Response:
         if len(cluster) != 2 or cluster[0] == cluster[1]:
             raise ApiError(422, "ValidationError", "give exactly two different: ?cluster=A&cluster=B", "cluster")
-        rows = pd.concat([load(settings.results, cluster=_label("cluster", c)) for c in cluster], ignore_index=True)
+        rows = pd.concat([cache.rows(_label("cluster", c)) for c in cluster], ignore_index=True)
         if sweep:
             rows = rows[rows["sweep_id"].isin(sweep)]
         return _frame_response(compare_mod.compare(rows, cluster[0], cluster[1]), "json")
 
-    @app.get("/report", response_class=HTMLResponse, summary="The self-contained HTML report")
+    @app.get("/report", response_class=HTMLResponse, dependencies=read_auth, summary="The self-contained HTML report")
     def report(cluster: str | None = None, sweep: str | None = None) -> str:
-        rows = load(settings.results, cluster=_label("cluster", cluster), sweep=_label("sweep", sweep))
-        calibration = load_calibration(settings.results, cluster, sweep)
+        rows = cache.rows(_label("cluster", cluster), _label("sweep", sweep))
+        calibration = cache.calibration(cluster, sweep)
         title = f"ddpsweep report: {cluster or 'all clusters'}{' / ' + sweep if sweep else ''}"
         return render_html(rows, title, calibration=calibration)

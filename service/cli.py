@@ -9,8 +9,7 @@ from typing import Annotated
 
 import typer
 
-from results.errors import ResultsError
-from trainers.errors import ConfigError
+from trainers.errors import ConfigError, DDPSweepError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Sweep PyTorch DDP communication settings on Ray; query the Parquet results.")  # fmt: skip
@@ -56,8 +55,9 @@ def run(
         os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # Ctrl-C interrupts the sweep (below), not just Tune
         typer.echo(f"sweep {plan.sweep_id}: {len(plan.todo)} of {plan.planned} measurements to run "
                    f"in {len(plan.groups())} worker group(s) -> {plan.store.uri}")  # fmt: skip
-        outcome = runner.execute(plan, address=address, verbose=verbose, progress=progress_printer(len(plan.todo)))
-    except (ConfigError, ResultsError) as e:
+        outcome = runner.execute(plan, address=address, verbose=verbose, progress=progress_printer(len(plan.todo)),
+                                 notice=lambda message: typer.echo(f"warning: {message}", err=True))  # fmt: skip
+    except DDPSweepError as e:
         raise fail(str(e)) from None
     except KeyboardInterrupt:
         raise interrupted(plan, spec) from None
@@ -128,7 +128,7 @@ def calibrate(
         typer.echo(f"calibration {plan.sweep_id}: {len(plan.groups())} worker group(s) -> {plan.store.uri}")
         runner.execute(plan, address=address, verbose=verbose)
         fits = costmodel.fits(load_calibration(plan.store.uri, plan.cluster, plan.sweep_id))
-    except (ConfigError, ResultsError) as e:
+    except DDPSweepError as e:
         raise fail(str(e)) from None
     for f in fits.itertuples():
         fit = f"alpha {f.alpha_ms * 1e3:.0f} us, beta {f.beta_gbps:.2f} GB/s algbw"
@@ -148,15 +148,40 @@ def query(
     ],
     results: ResultsOpt = DEFAULT_RESULTS,
     fmt: Annotated[str, typer.Option("--format", help="table | csv | json")] = "table",
+    timeout: Annotated[float, typer.Option(help="wall-clock limit in seconds", min=0.1, max=3600)] = 30.0,
 ) -> None:
-    """SQL (DuckDB, read-only, sandboxed) over the results store."""
+    """SQL (DuckDB, read-only, sandboxed) over the results store (at most 100000 result rows)."""
     from results.query import query as run_query
     from results.query import render
 
     try:
-        typer.echo(render(run_query(results, sql), fmt))
-    except ResultsError as e:
+        typer.echo(render(run_query(results, sql, timeout_s=timeout), fmt))
+    except DDPSweepError as e:
         raise fail(str(e)) from None
+
+
+@app.command()
+def compact(
+    results: ResultsOpt = DEFAULT_RESULTS,
+    cluster: Annotated[str | None, typer.Option(help="only this cluster")] = None,
+    sweep: Annotated[str | None, typer.Option(help="only this sweep id")] = None,
+) -> None:
+    """Merge each sweep's one-file-per-row folder into one Parquet file (done after every sweep too)."""
+    from results.compaction import compact as run_compact
+    from results.store import Store, require_label
+
+    try:
+        for field, label in (("--cluster", cluster), ("--sweep", sweep)):
+            if label is not None:
+                require_label(field, label)
+        done = run_compact(Store.open(results), cluster, sweep)
+    except DDPSweepError as e:
+        raise fail(str(e)) from None
+    for c in done:
+        what = f"{c.files_read} file(s) -> 1, {c.rows} rows" if c.files_removed or c.files_read else "already compact"
+        typer.echo(f"cluster={c.cluster} sweep={c.sweep_id}: {what}, {c.files_removed} row file(s) removed")
+    if not done:
+        typer.echo("nothing to compact")
 
 
 @app.command()
@@ -181,7 +206,7 @@ def compare(
         if sweep:
             both = both[both["sweep_id"].isin(sweep)]
         typer.echo(render(compare_clusters(both, cluster[0], cluster[1]), fmt))
-    except (ConfigError, ResultsError) as e:
+    except DDPSweepError as e:
         raise fail(str(e)) from None
 
 
@@ -213,7 +238,7 @@ def report(
         title = f"ddpsweep report: {', '.join(cluster or ['all clusters'])}"
         Path(out).write_text(render_html(rows, title, algbw, calibration))
         typer.echo(out)
-    except (ConfigError, ResultsError) as e:
+    except DDPSweepError as e:
         raise fail(str(e)) from None
     except OSError as e:
         what = "a folder for the PNGs" if fmt == "png" else "a writable .html file path"
@@ -232,13 +257,12 @@ def submit(
 ) -> None:
     """Submit a sweep to a Ray cluster as a Ray Job (validated here first; nothing submitted on error)."""
     from service import jobs
-    from sweeps.spec import load_spec
+    from sweeps.spec import load_spec_text
 
     try:
-        parsed = load_spec(spec)
-        sweep_id, job_id = jobs.submit(Path(spec).read_text(), parsed, address=address, cluster=cluster,
-                                       results=results)  # fmt: skip
-    except (ConfigError, jobs.JobsError) as e:
+        parsed, text = load_spec_text(spec)  # the text submitted is the text validated (env:NAME included)
+        sweep_id, job_id = jobs.submit(text, parsed, address=address, cluster=cluster, results=results)
+    except DDPSweepError as e:
         raise fail(str(e)) from None
     typer.echo(f"sweep {sweep_id} submitted as job {job_id}")
 
@@ -253,7 +277,7 @@ def status(
 
     try:
         found = jobs.status(address, sweep_id)
-    except (ConfigError, jobs.JobsError) as e:
+    except DDPSweepError as e:
         raise fail(str(e)) from None
     if not found:
         typer.echo("no sweeps on this cluster")
@@ -283,7 +307,7 @@ def logs(
                 typer.echo(chunk, nl=False)
 
         asyncio.run(stream())
-    except (ConfigError, jobs.JobsError) as e:
+    except DDPSweepError as e:
         raise fail(str(e)) from None
 
 
@@ -294,7 +318,7 @@ def stop(sweep_id: Annotated[str, typer.Argument(help="the sweep id")], address:
 
     try:
         stopped = jobs.stop(address, sweep_id)
-    except (ConfigError, jobs.JobsError) as e:
+    except DDPSweepError as e:
         raise fail(str(e)) from None
     typer.echo(f"sweep {sweep_id}: {'stop requested' if stopped else 'was not running'}")
 
@@ -302,7 +326,7 @@ def stop(sweep_id: Annotated[str, typer.Argument(help="the sweep id")], address:
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="interface to bind")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+    port: Annotated[int, typer.Option(help="TCP port", min=1, max=65535)] = 8000,
     address: AddressOpt = None,
     results: ResultsOpt = DEFAULT_RESULTS,
     token: Annotated[str | None, typer.Option(help="bearer token for mutating endpoints (or DDPSWEEP_TOKEN)")] = None,
@@ -323,7 +347,8 @@ def serve(
 
         token = secrets.token_urlsafe(24)
         typer.echo(f"no token given: this server's bearer token is {token}", err=True)
-    settings = ServiceSettings(address=address, results=results, token=token)
+    settings = ServiceSettings(address=address, results=results, token=token,
+                               public_reads=is_loopback(f"http://{host}"))  # fmt: skip
     uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from results.store import Store, valid_label
+from results.store import Store, require_label
 from sweeps.spec import SpecError, SweepSpec, new_sweep_id, parse_spec
 from trainers.errors import DDPSweepError
 
@@ -25,9 +25,13 @@ EXCLUDES = [".git", ".venv", "**/__pycache__", ".pytest_cache", ".ruff_cache", "
 class JobsError(DDPSweepError):
     """Ray Jobs could not be reached, or refused the request."""
 
+    http_status = 503
+
 
 class SweepNotFound(JobsError):
     """No ddpsweep job with that sweep id on the cluster."""
+
+    http_status = 404
 
 
 @dataclass(frozen=True)
@@ -64,12 +68,34 @@ def is_loopback(address: str) -> bool:
         return False
 
 
+CONNECT_TIMEOUT_S = 5.0  # every call to the job server: to connect …
+READ_TIMEOUT_S = 15.0  # … and between two reads of its answer
+
+
 def client(address: str | None):
+    """A Ray JobSubmissionClient whose every request has a timeout (Ray's own has none: a server that accepts
+    TCP and never answers would hold the command forever); a timeout or refused connection is a JobsError."""
+    import requests
     from ray.job_submission import JobSubmissionClient
 
     addr = resolve_address(address)
+
+    class TimedClient(JobSubmissionClient):
+        def _do_request(self, method: str, endpoint: str, **kwargs):
+            kwargs.setdefault("timeout", (CONNECT_TIMEOUT_S, READ_TIMEOUT_S))
+            try:
+                return super()._do_request(method, endpoint, **kwargs)
+            except requests.exceptions.Timeout:
+                limits = f"{CONNECT_TIMEOUT_S:g} s to connect / {READ_TIMEOUT_S:g} s to reply"
+                raise JobsError(f"the Ray job server at {addr} did not answer within {limits}: "
+                                "is --address the dashboard (port 8265)?") from None  # fmt: skip
+            except requests.exceptions.ConnectionError as e:
+                raise JobsError(f"cannot reach the Ray job server at {addr}: {type(e).__name__}") from None
+
     try:
-        return JobSubmissionClient(addr)
+        return TimedClient(addr)
+    except JobsError:
+        raise
     except Exception as e:  # noqa: BLE001 — connection errors come in many types
         raise JobsError(f"cannot reach the Ray job server at {addr}: {e}") from None
 
@@ -90,8 +116,7 @@ def submit(spec_yaml: str, spec: SweepSpec, *, address: str | None, cluster: str
     addr = resolve_address(address)
     results = results or spec.results
     cluster = cluster or spec.cluster
-    if not valid_label(cluster):
-        raise SpecError("cluster", cluster, "a label of letters, digits, '_', '.', '-' (max 64)")
+    require_label("cluster", cluster)
     check_results_reachable(addr, results)
     if "://" not in results:
         results = str(Path(results).expanduser().resolve())
@@ -117,9 +142,7 @@ def parse_submission(text: str) -> SweepSpec:
 
 
 def _require_id(sweep_id: str) -> str:
-    if not valid_label(sweep_id):
-        raise SpecError("sweep_id", sweep_id, "a sweep id (letters, digits, '_', '.', '-')")
-    return sweep_id
+    return require_label("sweep_id", sweep_id)
 
 
 def _counts(cluster: str, sweep_id: str, results: str) -> tuple[int, int, int]:
@@ -149,6 +172,8 @@ def status(address: str | None, sweep_id: str | None = None) -> list[SweepStatus
         return [_status(_info(c, _require_id(sweep_id)))]
     try:
         listed = c.list_jobs()
+    except JobsError:
+        raise
     except Exception as e:  # noqa: BLE001
         raise JobsError(f"Ray Jobs could not list jobs: {e}") from None
     jobs = [j for j in listed if (j.metadata or {}).get("ddpsweep") == "1" and j.submission_id]
@@ -158,6 +183,8 @@ def status(address: str | None, sweep_id: str | None = None) -> list[SweepStatus
 def _info(c, sweep_id: str):
     try:
         return c.get_job_info(sweep_id)
+    except JobsError:
+        raise
     except Exception as e:  # noqa: BLE001 — the SDK raises RuntimeError for unknown ids
         raise SweepNotFound(f"no sweep {sweep_id!r} on this cluster ({e})") from None
 

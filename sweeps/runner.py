@@ -10,7 +10,6 @@ import logging
 import os
 import secrets
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -19,14 +18,16 @@ from datetime import UTC, datetime
 import ray
 from ray import tune
 
-from results.store import Store, valid_label
-from sweeps import preflight
+from results import compaction
+from results.store import Store, require_label
+from sweeps import machine, preflight
 from sweeps.grid import Cell, Group, calibration_groups, expand, plan_groups
 from sweeps.rows import build_row, now
 from sweeps.spec import SpecError, SweepSpec, new_sweep_id
 from sweeps.trial import TrialOptions, row_context, trial_fn
 
 ProgressFn = Callable[[dict], None]
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -70,16 +71,15 @@ def plan_sweep(spec: SweepSpec, *, results: str | None = None, cluster: str | No
     cluster = cluster or spec.cluster
     cells = expand(spec)
     pairs = [(c, r) for c in cells for r in range(spec.repeats)]
-    if not valid_label(cluster):
-        raise SpecError("--cluster", cluster, "a label of letters, digits, '_', '.', '-' (max 64)")
+    require_label("--cluster", cluster)
     if resume is None:
-        if sweep_id is not None and not valid_label(sweep_id):
-            raise SpecError("--sweep-id", sweep_id, "a label of letters, digits, '_', '.', '-' (max 64)")
+        if sweep_id is not None:
+            require_label("--sweep-id", sweep_id)
         if sweep_id is not None and (store.read_manifest(cluster, sweep_id) or store.files(cluster, sweep_id)):
             raise SpecError("--sweep-id", sweep_id, f"a new id: that sweep exists under cluster={cluster} "
                             f"(continue it with --resume {sweep_id}; its rows are never overwritten)")  # fmt: skip
         return SweepPlan(spec, sweep_id or new_sweep_id(spec.name), cluster, store, cells, pairs)
-    manifest = store.read_manifest(cluster, resume)
+    manifest = store.read_manifest(cluster, require_label("--resume", resume))
     if manifest is None:
         raise SpecError("--resume", resume, f"a sweep id under cluster={cluster} in {store.uri}")
     if sorted(manifest["cells"]) != sorted(c.cell_id for c in cells):
@@ -153,7 +153,10 @@ def ray_session(address: str | None, verbose: bool) -> Iterator[None]:
     else:
         # The dashboard serves the state API that Ray Train's placement-group cleaner needs to free
         # the resources of a cell killed at cell_timeout_s; without it they stay reserved.
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=True, dashboard_host="127.0.0.1", **quiet)
+        # address="local": always a new embedded Ray, also when `ray start --head` runs on this machine
+        # (plain ray.init() would attach to that one and refuse num_cpus).
+        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=True, dashboard_host="127.0.0.1",
+                 **quiet)  # fmt: skip
     try:
         yield
     finally:
@@ -165,6 +168,8 @@ def resolve_options(plan: SweepPlan, res: preflight.ClusterResources, storage_pa
     use_gpu = res.total_gpus > 0 if spec.use_gpu == "auto" else bool(spec.use_gpu)
     if use_gpu and res.total_gpus == 0:
         raise SpecError("use_gpu", True, f"false or auto: the cluster has no GPUs ({res.describe()})")
+    if spec.backend == "nccl" and not use_gpu:
+        raise SpecError("backend", "nccl", f"gloo or auto: NCCL needs GPUs and the cluster has none ({res.describe()})")
     backend = spec.backend if spec.backend != "auto" else ("nccl" if use_gpu else "gloo")
     return TrialOptions(
         sweep_id=plan.sweep_id, cluster=plan.cluster, spec_name=spec.name, use_gpu=use_gpu, backend=backend,
@@ -186,16 +191,32 @@ def check_local(plan: SweepPlan) -> None:
 def _storage_path(plan: SweepPlan) -> str:
     """Tune/Train bookkeeping: beside the results on shared storage, else a local temp folder."""
     if plan.store.is_local:
-        return tempfile.mkdtemp(prefix=f"ddpsweep-{plan.sweep_id}-")
+        return machine.storage_dir(plan.sweep_id)
     return f"{plan.store.uri.rstrip('/')}/_ray/{plan.sweep_id}-{secrets.token_hex(3)}"
 
 
 def execute(plan: SweepPlan, *, address: str | None = None, verbose: bool = False,
-            progress: ProgressFn = lambda row: None) -> SweepOutcome:  # fmt: skip
+            progress: ProgressFn = lambda row: None,
+            notice: Callable[[str], None] = log.warning) -> SweepOutcome:  # fmt: skip
     """Run the plan's pending pairs on Ray; every row lands in the store as its trial ends."""
+    if address or os.environ.get("RAY_ADDRESS") or ray.is_initialized():
+        plan.store.ensure_writable()
+        return _execute(plan, address, verbose, progress)
+    check_local(plan)  # before anything is written: a grid this machine cannot hold leaves no trace
+    plan.store.ensure_writable()
+    machine.remove_stale_storage()
+    if machine.local_ray_cluster_running():
+        notice("a Ray cluster started with `ray start` runs on this machine; this sweep starts its own "
+               "embedded Ray beside it (pass --address auto to run on that cluster instead)")  # fmt: skip
+    with machine.measuring(plan.sweep_id) as others:
+        if others:
+            notice(f"another sweep is measuring on this machine ({'; '.join(others)}): both will read "
+                   "each other's contention; wait for it, or compare these rows with care")  # fmt: skip
+        return _execute(plan, address, verbose, progress)
+
+
+def _execute(plan: SweepPlan, address: str | None, verbose: bool, progress: ProgressFn) -> SweepOutcome:
     outcome = SweepOutcome(plan.sweep_id, plan.cluster, plan.store.uri)
-    if not address and not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
-        check_local(plan)
     storage = _storage_path(plan)
     try:
         with ray_session(address, verbose):
@@ -207,10 +228,20 @@ def execute(plan: SweepPlan, *, address: str | None = None, verbose: bool = Fals
                 writer = RowWriter(plan.store, opts, progress)
                 _tuner(plan, opts, writer, verbose).fit()
                 outcome.rows, outcome.calibrations = writer.rows, writer.calibrations
+        _compact(plan)
     finally:
         if plan.store.is_local:
             shutil.rmtree(storage, ignore_errors=True)  # Tune/Train bookkeeping only; the rows are in the store
     return outcome
+
+
+def _compact(plan: SweepPlan) -> None:
+    """The finished sweep's row files become one Parquet file; a failure here never fails the sweep (the row
+    files stay, and `ddpsweep compact` can be run later)."""
+    try:
+        compaction.compact_sweep(plan.store, plan.cluster, plan.sweep_id)
+    except Exception as e:  # noqa: BLE001 — the rows are safe either way
+        log.warning("could not compact sweep %s (its row files stay; run `ddpsweep compact`): %s", plan.sweep_id, e)
 
 
 def _manifest(plan: SweepPlan, opts: TrialOptions) -> dict:

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from results.store import valid_label
+from results.store import LABEL_RULE, valid_label
 from trainers.errors import ConfigError
 from trainers.presets import PRESETS
 
@@ -123,7 +123,7 @@ def _check_scalar(path: str, v: Any, kind: str) -> None:
         "int>=0": (lambda: _is_int(v) and v >= 0, "an integer >= 0"),
         "num>0": (lambda: _is_num(v) and v > 0, "a number > 0"),
         "bool": (lambda: isinstance(v, bool), "true or false"),
-        "label": (lambda: isinstance(v, str) and valid_label(v), "a label of letters, digits, '_', '.', '-' (max 64)"),
+        "label": (lambda: isinstance(v, str) and valid_label(v), LABEL_RULE),
         "str": (lambda: isinstance(v, str) and bool(v), "a non-empty string"),
     }
     ok, allowed = checks[kind]
@@ -139,6 +139,8 @@ def _check_choice(path: str, v: Any, choices: tuple) -> None:
 def _check_list(path: str, values: Any, kind: str | tuple) -> None:
     if not isinstance(values, list) or not values:
         raise _fail(path, values, "a non-empty list")
+    if len(values) > MAX_AXIS_VALUES:
+        raise _fail(path, f"{len(values)} values", f"at most {MAX_AXIS_VALUES} values")
     for i, v in enumerate(values):
         if isinstance(kind, tuple):
             _check_choice(f"{path}[{i}]", v, kind)
@@ -160,15 +162,54 @@ LISTS = {
 }  # fmt: skip
 
 
+# Upper (and some lower) bounds: a value outside them is a typo, and would otherwise overflow a column,
+# become "0 ms" in a timedelta, or expand into a grid nobody can measure.
+RANGES = {
+    "micro_batch": (1, 65_536), "warmup_steps": (0, 100_000), "max_timed_steps": (1, 1_000_000),
+    "max_cell_s": (0.001, 86_400), "collective_timeout_s": (1, 86_400), "cell_timeout_s": (1, 7 * 86_400),
+    "max_concurrent_trials": (1, 1_024), "repeats": (1, 1_000), "cpus_per_worker": (0.001, 1_024),
+    "workers": (1, 65_536), "nodes": (1, 4_096), "bucket_cap_mb": (0.001, 100_000), "gas": (1, 4_096),
+}  # fmt: skip
+MAX_AXIS_VALUES = 1_000  # values in one grid list
+MAX_MEASUREMENTS = 10_000  # cells x repeats in one sweep (a week of minute-long GPU cells): split larger studies
+ENV_KEY_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,127}$")
+
+
+def _check_range(name: str, values: list) -> None:
+    lo, hi = RANGES[name]
+    for i, v in enumerate(values):
+        if not lo <= v <= hi:
+            raise _fail(name if len(values) == 1 else f"{name}[{i}]", v, f"a value in [{lo}, {hi}]")
+
+
+def _check_grid_size(spec: SweepSpec) -> None:
+    """Bound the grid from its axis lengths, before anything is expanded."""
+    axes = [spec.workers, spec.nodes, spec.bucket_cap_mb, spec.gas, spec.no_sync, spec.gradient_as_bucket_view,
+            spec.modes]  # fmt: skip
+    upper = math.prod(len(a) for a in axes) * spec.repeats
+    if upper > MAX_MEASUREMENTS:
+        raise _fail("repeats" if spec.repeats > 1 else "bucket_cap_mb", f"{upper} measurements",
+                    f"at most {MAX_MEASUREMENTS} measurements (cells x repeats) per sweep: fewer axis values or "
+                    "repeats, or split the study into several sweeps")  # fmt: skip
+
+
 def _validate(spec: SweepSpec) -> None:
     for name, kind in SCALARS.items():
         _check_scalar(name, getattr(spec, name), kind)
+    for name in RANGES:
+        if name in SCALARS:
+            _check_range(name, [getattr(spec, name)])
     if spec.timed_steps != "auto" and not (_is_int(spec.timed_steps) and spec.timed_steps >= 1):
         raise _fail("timed_steps", spec.timed_steps, "an integer >= 1, or auto (adaptive timing)")
     if not (_is_num(spec.target_rel_ci) and 0 < spec.target_rel_ci < 1):
         raise _fail("target_rel_ci", spec.target_rel_ci, "a fraction in (0, 1), e.g. 0.02 for ±2%")
+    if _is_int(spec.timed_steps) and spec.timed_steps > 1_000_000:
+        raise _fail("timed_steps", spec.timed_steps, "at most 1000000, or auto")
     for name, kind in LISTS.items():
         _check_list(name, getattr(spec, name), kind)
+        if name in RANGES:
+            _check_range(name, getattr(spec, name))
+    _check_grid_size(spec)
     _check_choice("model", spec.model, tuple(PRESETS))
     _check_choice("backend", spec.backend, BACKENDS)
     _check_choice("placement", spec.placement, PLACEMENTS)
@@ -189,10 +230,10 @@ def _validate_env(env: Any) -> None:
     if not isinstance(env, dict):
         raise _fail("env", env, "a mapping of variable name to string value")
     for k, v in env.items():
-        if not isinstance(k, str) or not k.startswith(ENV_PREFIXES):
-            raise _fail(f"env.{k}", k, f"a variable starting with {', '.join(ENV_PREFIXES)}")
-        if not isinstance(v, (str, int, float)) or isinstance(v, bool):
-            raise _fail(f"env.{k}", v, "a string or number")
+        if not isinstance(k, str) or not k.startswith(ENV_PREFIXES) or not ENV_KEY_RE.match(k):
+            raise _fail(f"env.{k}", k, f"a variable name of A-Z, 0-9, '_' starting with {', '.join(ENV_PREFIXES)}")
+        if not isinstance(v, (str, int, float)) or isinstance(v, bool) or "\0" in str(v) or len(str(v)) > 4096:
+            raise _fail(f"env.{k}", v, "a string or number (no NUL byte, at most 4096 characters)")
 
 
 def _validate_nodes(spec: SweepSpec) -> None:
@@ -221,20 +262,35 @@ def spec_from_dict(data: Any, source: str = "spec") -> SweepSpec:
     return SweepSpec(**data)
 
 
+MAX_SPEC_BYTES = 256 * 1024  # as the HTTP API's body limit
+
+
 def load_spec(path: str | Path) -> SweepSpec:
     """Read and validate a YAML (or JSON) spec file; `env:NAME` reads the text from that variable."""
+    return load_spec_text(path)[0]
+
+
+def load_spec_text(path: str | Path) -> tuple[SweepSpec, str]:
+    """The validated spec and the exact text it was read from (what `submit` sends on)."""
     if str(path).startswith("env:"):
         text = os.environ.get(str(path)[4:])
         if text is None:
             raise SpecError("SPEC", str(path), "an environment variable holding the spec's YAML")
         try:
-            return parse_spec(text, source=str(path))
+            return parse_spec(text, source=str(path)), text
         except SpecError as e:  # never echo an environment variable's content
             raise SpecError(e.field, "<value from the environment, not shown>", e.allowed) from None
     p = Path(path)
     if not p.is_file():
         raise SpecError("SPEC", str(path), "an existing YAML file, e.g. sweeps/specs/smoke.yaml")
-    return parse_spec(p.read_text(), source=str(path))
+    raw = p.read_bytes()
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError("SPEC", str(path), f"a spec file of at most {MAX_SPEC_BYTES} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError("SPEC", str(path), f"UTF-8 text (byte {e.start} is not UTF-8)") from None
+    return parse_spec(text, source=str(path)), text
 
 
 MAX_SPEC_NODES = 100_000  # YAML nodes after aliases are expanded: an alias bomb stops here

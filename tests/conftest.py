@@ -23,3 +23,33 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def live_server():
+    """Start a real uvicorn server for an app on a free loopback port; yields a function app -> base URL."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from tests.ray_head import free_port
+
+    servers = []
+
+    def start(app) -> str:
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        deadline = time.time() + 20
+        while not server.started:
+            assert time.time() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for server, thread in servers:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -22,8 +22,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def ray_head(auth_mode: str, num_cpus: int = 2) -> Iterator[str]:
-    """Yields the job server address (http://127.0.0.1:PORT). `auth_mode`: disabled | token."""
+def ray_head(auth_mode: str, num_cpus: int = 2, info: dict | None = None) -> Iterator[str]:
+    """Yields the job server address (http://127.0.0.1:PORT). `auth_mode`: disabled | token.
+    `info`, if given, receives the head's GCS address under "gcs"."""
     temp = tempfile.mkdtemp(prefix="ddps-", dir="/tmp")  # short: Ray's socket paths must stay < 108 bytes
     dash = free_port()
     ports = {"--port": free_port(), "--dashboard-port": dash, "--ray-client-server-port": free_port(),
@@ -36,6 +37,8 @@ def ray_head(auth_mode: str, num_cpus: int = 2) -> Iterator[str]:
         subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=120)
         address = f"http://127.0.0.1:{dash}"
         _wait_for_dashboard(address)
+        if info is not None:
+            info["gcs"] = f"127.0.0.1:{ports['--port']}"
         yield address
     finally:
         stop_head(temp, ports["--port"])

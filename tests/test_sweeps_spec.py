@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from results.errors import LabelError
 from sweeps.grid import cells_table, expand
 from sweeps.preflight import ClusterResources, cell_problem, check
 from sweeps.spec import SpecError, load_spec, parse_spec
@@ -111,7 +112,7 @@ def test_resume_refuses_an_unknown_sweep_and_a_changed_grid(tmp_path):
     assert [c.step.mode for c, _ in todo] == ["single", "ddp", "ddp"]
     with pytest.raises(SpecError, match="grid differs"):
         plan_sweep(parse_spec("name: r\nbucket_cap_mb: [1, 5]"), results=str(tmp_path), resume="r-1")
-    with pytest.raises(SpecError) as bad_label:
+    with pytest.raises(LabelError) as bad_label:
         plan_sweep(spec, results=str(tmp_path), cluster="../up")
     assert bad_label.value.field == "--cluster"
 

@@ -1,7 +1,15 @@
-"""Exceptions of the measuring core.
+"""The root of ddpsweep's one error tree, and the measuring core's own errors.
 
-DDPSweepError            base of every error ddpsweep raises on purpose
-└── ConfigError          a configuration value is invalid (names the field and what is allowed)
+This module imports nothing of the project, so every layer (results included) can derive from it.
+Each class carries `http_status`, the status the HTTP API answers with (datasette's style): the edge
+reads it, it never tests classes one by one.
+
+DDPSweepError                    500  base of every error ddpsweep raises on purpose
+├── ConfigError                  422  a configuration value is invalid (names the field and what is allowed)
+│   └── sweeps.spec.SpecError    422  a sweep spec field or command-line option is invalid
+├── trainers.collectives.CalibrationError   500  an all-reduce returned a wrong sum
+├── results.errors.ResultsError  400  a results-store or query mistake (see results/errors.py)
+└── service.jobs.JobsError       503  Ray Jobs unreachable or refusing (SweepNotFound: 404)
 """
 
 from __future__ import annotations
@@ -12,12 +20,16 @@ MAX_VALUE_CHARS = 120  # an error quotes at most this much of a value
 class DDPSweepError(Exception):
     """Base class of ddpsweep's own errors."""
 
+    http_status: int = 500
+
 
 class ConfigError(DDPSweepError, ValueError):
     """A configuration field holds a value that is not allowed.
 
     `field` is the (dotted) name of the field, `allowed` says what would be accepted.
     """
+
+    http_status = 422
 
     def __init__(self, field: str, value: object, allowed: str) -> None:
         self.field, self.value, self.allowed = field, value, allowed

@@ -1,0 +1,70 @@
+"""A store kept in memory for a long-running reader (the HTTP server, the dashboard).
+
+Rows are read once and refreshed incrementally: at most every `refresh_s` a request lists the store
+and reads only new or changed files (results.reader.RowCache); requests that arrive while another
+thread refreshes are served from the previous snapshot. Filters by cluster and sweep are applied to
+the in-memory table, never by re-reading files.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from results.errors import StoreNotFound, UnknownSelection
+from results.reader import RowCache
+from results.store import Store
+
+
+class CachedStore:
+    """Rows and calibration of one results root, in memory."""
+
+    def __init__(self, root: str, refresh_s: float = 1.0) -> None:
+        self.root, self.refresh_s = root, refresh_s
+        self.store = Store.open(root)
+        self._rows = RowCache(self.store.fs)
+        self._calibration: pd.DataFrame | None = None
+        self._listed_at = float("-inf")
+        self._lock = threading.Lock()
+
+    def table(self) -> pa.Table:
+        """Every row (refreshed if the last listing is older than refresh_s)."""
+        if self._rows.loaded and time.monotonic() - self._listed_at < self.refresh_s:
+            return self._rows.snapshot
+        self._listed_at = time.monotonic()
+        before = self._rows.snapshot
+        snapshot = self._rows.refresh(self.store.listing())
+        if snapshot is not before:  # new rows: calibration files are written with them, re-read it when needed
+            with self._lock:
+                self._calibration = None
+        return snapshot
+
+    def calibration(self, cluster: str | None = None, sweep: str | None = None) -> pd.DataFrame:
+        with self._lock:
+            if self._calibration is None:
+                self._calibration = self.store.read_calibration().to_pandas()
+            cal = self._calibration
+        if cluster is not None:
+            cal = cal[cal["cluster"] == cluster]
+        if sweep is not None:
+            cal = cal[cal["sweep_id"] == sweep]
+        return cal
+
+    def rows(self, cluster: str | None = None, sweep: str | None = None) -> pd.DataFrame:
+        """The rows of one cluster and/or sweep, with load()'s errors for an empty store or unknown label."""
+        table = self.table()
+        if table.num_rows == 0:
+            raise StoreNotFound(f"no results under {self.root!r}: run a sweep first")
+        for column, value, kind in (("cluster", cluster, "cluster"), ("sweep_id", sweep, "sweep")):
+            if value is None:
+                continue
+            picked = table.filter(pc.equal(table[column], value))
+            if picked.num_rows == 0:
+                known = ", ".join(sorted(set(table[column].to_pylist())))
+                raise UnknownSelection(f"{kind} {value!r} is not in {self.root!r}; {kind}s: {known[:2000]}")
+            table = picked
+        return table.to_pandas()

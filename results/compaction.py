@@ -1,0 +1,81 @@
+"""Compaction: a finished sweep's one-file-per-row folder becomes one Parquet file.
+
+One file per (cell, repeat) is right while a sweep runs (atomic, crash-safe, resumable) and wrong forever
+after: every reader pays a round trip per file. `compact_sweep` writes every row of a sweep folder into
+`compacted.parquet` (sorted by cell and repeat, zstd, row-group statistics), atomically (temporary name,
+then rename), and only then deletes the row files it read.
+
+The rule that keeps readers exact at every moment (results.reader): a (cluster, sweep, cell, repeat) held
+by both the compacted file and a row file is read once, the row that finished last winning. So a
+compaction killed after its write and before (or during) its deletions leaves duplicates on disk that no
+reader sees, and a row re-measured after compaction (`--resume` of an error row) replaces the compacted
+one. A row file rewritten while the compaction ran is not deleted (its size or mtime changed).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from results import reader
+from results.store import Store
+
+log = logging.getLogger(__name__)
+COMPACTED = "compacted.parquet"
+ROW_GROUP_ROWS = 65_536  # a sweep rarely has more rows: one row group, statistics per column
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """What one sweep's compaction did."""
+
+    cluster: str
+    sweep_id: str
+    rows: int  # rows in the compacted file
+    files_read: int  # row files (and the previous compacted file) read
+    files_removed: int  # row files deleted after the compacted file was in place
+
+
+def compact_sweep(store: Store, cluster: str, sweep_id: str) -> Compaction:
+    """Compact one sweep folder (a no-op when it holds no row files beside its compacted file)."""
+    listing = store.listing(cluster, sweep_id)
+    row_files = [f for f in listing if not f.path.endswith(f"/{COMPACTED}")]
+    if not row_files:
+        return Compaction(cluster, sweep_id, rows=0, files_read=0, files_removed=0)
+    tables = reader.read_files(store.fs, [f.path for f in listing])
+    table = reader.combine(tables.values()).sort_by([("cell_id", "ascending"), ("repeat", "ascending")])
+    store._write_atomic(store.sweep_dir(cluster, sweep_id), COMPACTED, lambda out: pq.write_table(
+        table, out, row_group_size=ROW_GROUP_ROWS, compression="zstd", write_statistics=True))  # fmt: skip
+    removed = sum(_remove_if_unchanged(store.fs, f) for f in row_files if _covered(tables.get(f.path)))
+    return Compaction(cluster, sweep_id, rows=table.num_rows, files_read=len(listing), files_removed=removed)
+
+
+def _covered(table) -> bool:
+    """Only files whose rows went into the compacted file are deleted (unreadable or skipped ones stay)."""
+    return table is not None and table.num_rows > 0
+
+
+def _remove_if_unchanged(fs: pafs.FileSystem, stat: reader.FileStat) -> bool:
+    info = fs.get_file_info(stat.path)
+    if info.type != pafs.FileType.File or (info.mtime_ns or 0, info.size or 0) != (stat.mtime_ns, stat.size):
+        return False  # rewritten since it was read (a resumed sweep): it stays, and the newer row wins
+    try:
+        fs.delete_file(stat.path)
+    except FileNotFoundError:
+        return False  # another compaction got there first
+    return True
+
+
+def compact(store: Store, cluster: str | None = None, sweep: str | None = None) -> list[Compaction]:
+    """Compact every sweep under the root (or one cluster, or one sweep)."""
+    done = []
+    for c, sweeps in store.labels().items():
+        if cluster is not None and c != cluster:
+            continue
+        for s in sweeps:
+            if sweep is None or s == sweep:
+                done.append(compact_sweep(store, c, s))
+    return done

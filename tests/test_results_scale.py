@@ -1,0 +1,155 @@
+"""Issue 13: compaction keeps every row exactly once (also when killed halfway, also for resumed sweeps),
+the parallel reader keeps the per-file guarantees, the server's cache refreshes incrementally, and the
+query limits answer clearly through the CLI and HTTP."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from results import compaction, reader
+from results.cache import CachedStore
+from results.compaction import COMPACTED
+from results.store import Store
+from service.api import ServiceSettings, create_app
+from tests.seed_rows import seed_rows
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def rows_of(store: Store, sweep: str | None = None) -> list[tuple]:
+    """The store's rows as a sorted multiset of (cluster, sweep, cell, repeat, step_ms, status)."""
+    t = store.read_table(sweep=sweep).to_pylist()
+    return sorted((r["cluster"], r["sweep_id"], r["cell_id"], r["repeat"], r["step_ms"], r["status"]) for r in t)
+
+
+@pytest.fixture
+def two_sweeps(tmp_path) -> Store:
+    store = Store.open(str(tmp_path / "store"))
+    for sweep in ("s1", "s2"):
+        for r in seed_rows(sweep=sweep):
+            store.write_row(r)
+    return store
+
+
+def test_compaction_preserves_every_row_per_sweep(two_sweeps):
+    before = {s: rows_of(two_sweeps, s) for s in ("s1", "s2")}
+    n_files = len(two_sweeps.files())
+    done = compaction.compact(two_sweeps)
+    assert sorted((c.sweep_id, c.rows, c.files_removed) for c in done) == [
+        ("s1", len(before["s1"]), n_files // 2), ("s2", len(before["s2"]), n_files // 2)]  # fmt: skip
+    assert [Path(p).name for p in two_sweeps.files()] == [COMPACTED, COMPACTED]
+    assert {s: rows_of(two_sweeps, s) for s in ("s1", "s2")} == before
+    assert [c.files_removed for c in compaction.compact(two_sweeps)] == [0, 0]  # idempotent
+
+
+@pytest.mark.parametrize("deleted_before_kill", [0, 3])
+def test_a_compaction_killed_between_its_steps_loses_and_duplicates_nothing(two_sweeps, monkeypatch,
+                                                                            deleted_before_kill):  # fmt: skip
+    before = rows_of(two_sweeps)
+    real_remove, deleted = compaction._remove_if_unchanged, []
+
+    class Killed(BaseException):
+        pass
+
+    def remove_then_die(fs, stat):
+        if len(deleted) == deleted_before_kill:
+            raise Killed  # the process dies here: compacted file in place, some row files left
+        deleted.append(stat.path)
+        return real_remove(fs, stat)
+
+    monkeypatch.setattr(compaction, "_remove_if_unchanged", remove_then_die)
+    with pytest.raises(Killed):
+        compaction.compact_sweep(two_sweeps, "pcie-8x", "s1")
+    monkeypatch.setattr(compaction, "_remove_if_unchanged", real_remove)
+    names = [Path(p).name for p in two_sweeps.files(sweep="s1")]
+    assert COMPACTED in names and len(names) > 1
+    assert rows_of(two_sweeps) == before  # every row once: the compacted copy and the leftover files agree
+    compaction.compact_sweep(two_sweeps, "pcie-8x", "s1")  # a later compaction finishes the job
+    assert len(two_sweeps.files(sweep="s1")) == 1 and rows_of(two_sweeps) == before
+
+
+def test_a_row_measured_again_after_compaction_replaces_the_compacted_one(two_sweeps):
+    compaction.compact(two_sweeps)
+    old = two_sweeps.read_table(sweep="s1").to_pylist()[0]
+    newer = old | {"status": "ok", "step_ms": 123.0, "finished_at": old["finished_at"] + timedelta(hours=1)}
+    two_sweeps.write_row(newer)  # a resumed sweep re-measures (cell, repeat)
+    got = [r for r in two_sweeps.read_table(sweep="s1").to_pylist()
+           if (r["cell_id"], r["repeat"]) == (old["cell_id"], old["repeat"])]  # fmt: skip
+    assert [r["step_ms"] for r in got] == [123.0]
+    compaction.compact_sweep(two_sweeps, "pcie-8x", "s1")
+    assert 123.0 in [r["step_ms"] for r in two_sweeps.read_table(sweep="s1").to_pylist()]
+
+
+def test_resume_after_compaction_measures_only_the_missing_pairs(tmp_path):
+    from sweeps.runner import plan_sweep
+    from sweeps.spec import parse_spec
+
+    spec = parse_spec("name: r\nbucket_cap_mb: [1, 5]\nrepeats: 2\nuse_gpu: false\n")
+    first = plan_sweep(spec, results=str(tmp_path), sweep_id="r-1")
+    first.store.write_manifest(first.cluster, first.sweep_id, {"cells": [c.cell_id for c in first.cells]})
+    written = first.todo[:3]
+    base = seed_rows()[0]
+    for cell, repeat in written:
+        first.store.write_row(base | {"cluster": first.cluster, "sweep_id": "r-1", "cell_id": cell.cell_id,
+                                      "repeat": repeat, "finished_at": datetime.now(UTC)})  # fmt: skip
+    compaction.compact(first.store)
+    assert [Path(p).name for p in first.store.files()] == [COMPACTED]
+    resumed = plan_sweep(spec, results=str(tmp_path), resume="r-1")
+    assert sorted((c.cell_id, r) for c, r in resumed.todo) == sorted(
+        (c.cell_id, r) for c, r in first.todo if (c, r) not in written
+    )
+
+
+def test_the_parallel_reader_skips_bad_files_with_warnings(two_sweeps, caplog):
+    folder = Path(two_sweeps.files()[0]).parent
+    (folder / "corrupt-r0.parquet").write_bytes(b"PAR1 not really")
+    good = len(rows_of(two_sweeps))
+    with caplog.at_level(logging.WARNING):
+        assert len(rows_of(two_sweeps)) == good
+    assert "corrupt-r0.parquet" in caplog.text
+    compaction.compact(two_sweeps)
+    assert (folder / "corrupt-r0.parquet").exists()  # unreadable files are never compacted away
+
+
+def test_the_cache_reads_only_new_files_and_follows_compaction(two_sweeps, monkeypatch):
+    cache = CachedStore(two_sweeps.uri, refresh_s=0)
+    assert cache.table().num_rows == len(rows_of(two_sweeps))
+    reads = []
+    real = reader.read_file
+    monkeypatch.setattr(reader, "read_file", lambda fs, p: reads.append(p) or real(fs, p))
+    row = seed_rows(sweep="s1")[0] | {"cell_id": "new-cell"}
+    two_sweeps.write_row(row)
+    refreshed = cache.table().num_rows
+    assert [Path(p).name for p in reads] == ["new-cell-r0.parquet"]  # the one new file, nothing else
+    assert refreshed == len(rows_of(two_sweeps))
+    compaction.compact(two_sweeps)
+    assert sorted(map(tuple, cache.rows(sweep="s1")[["cell_id", "repeat"]].values.tolist())) == sorted(
+        (c, r) for _, _, c, r, _, _ in rows_of(two_sweeps, "s1"))  # fmt: skip
+
+
+def test_query_limits_are_clear_errors_through_the_cli(seed_store):
+    big = subprocess.run([sys.executable, "-m", "service.cli", "query", "select * from range(200000)", "--results",
+                          seed_store], capture_output=True, text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    assert big.returncode == 2 and "rows" in big.stderr and "Traceback" not in big.stderr
+    slow = subprocess.run([sys.executable, "-m", "service.cli", "query", "select count(*) from range(1000000000000)",
+                           "--results", seed_store, "--timeout", "2"], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)  # fmt: skip
+    assert slow.returncode == 2 and "time limit" in slow.stderr
+
+
+def test_query_limits_are_clear_errors_over_http(seed_store, monkeypatch):
+    monkeypatch.setattr("results.query.QUERY_TIMEOUT_S", 2.0)
+    client = TestClient(create_app(ServiceSettings(address=None, results=seed_store, token="t")))
+    auth = {"Authorization": "Bearer t"}
+    big = client.post("/query", json={"sql": "select * from range(200000)"}, headers=auth)
+    slow = client.post("/query", json={"sql": "select count(*) from cells a, cells b, range(100000000000)"},
+                       headers=auth)  # fmt: skip
+    assert big.status_code == 400 and "rows" in big.json()["error"]["message"]
+    assert slow.status_code == 400 and "time limit" in slow.json()["error"]["message"]
