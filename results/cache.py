@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from results.errors import StoreNotFound, UnknownSelection
+from results.errors import ResultsError, StoreNotFound, UnknownSelection
 from results.reader import RowCache
 from results.store import Store
 
@@ -30,6 +30,7 @@ class CachedStore:
         self._calibration: pd.DataFrame | None = None
         self._listed_at = float("-inf")
         self._lock = threading.Lock()
+        self._manifests: dict[tuple[str, str], dict | None] = {}
 
     def table(self) -> pa.Table:
         """Every row (refreshed if the last listing is older than refresh_s)."""
@@ -42,6 +43,16 @@ class CachedStore:
             with self._lock:
                 self._calibration = None
         return snapshot
+
+    def manifest(self, cluster: str, sweep: str) -> dict | None:
+        """A sweep's `_sweep.json` (its plan), read once; None where there is none or it is corrupt."""
+        key = (cluster, sweep)
+        if key not in self._manifests:
+            try:
+                self._manifests[key] = self.store.read_manifest(cluster, sweep)
+            except ResultsError:
+                self._manifests[key] = None
+        return self._manifests[key]
 
     def calibration(self, cluster: str | None = None, sweep: str | None = None) -> pd.DataFrame:
         with self._lock:

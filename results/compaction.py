@@ -46,16 +46,15 @@ def compact_sweep(store: Store, cluster: str, sweep_id: str) -> Compaction:
     if not row_files:
         return Compaction(cluster, sweep_id, rows=0, files_read=0, files_removed=0)
     tables = reader.read_files(store.fs, [f.path for f in listing])
-    table = reader.combine(tables.values()).sort_by([("cell_id", "ascending"), ("repeat", "ascending")])
+    skipped: set[str] = set()
+    table = reader.combine(tables, skipped).sort_by([("cell_id", "ascending"), ("repeat", "ascending")])
     store._write_atomic(store.sweep_dir(cluster, sweep_id), COMPACTED, lambda out: pq.write_table(
         table, out, row_group_size=ROW_GROUP_ROWS, compression="zstd", write_statistics=True))  # fmt: skip
-    removed = sum(_remove_if_unchanged(store.fs, f) for f in row_files if _covered(tables.get(f.path)))
+    # Only files whose rows all went into the compacted file are deleted (unreadable, alien, impossible or
+    # mis-filed ones stay where a person can look at them).
+    covered = [f for f in row_files if tables.get(f.path) is not None and f.path not in skipped]
+    removed = sum(_remove_if_unchanged(store.fs, f) for f in covered)
     return Compaction(cluster, sweep_id, rows=table.num_rows, files_read=len(listing), files_removed=removed)
-
-
-def _covered(table) -> bool:
-    """Only files whose rows went into the compacted file are deleted (unreadable or skipped ones stay)."""
-    return table is not None and table.num_rows > 0
 
 
 def _remove_if_unchanged(fs: pafs.FileSystem, stat: reader.FileStat) -> bool:

@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from results import analysis, costmodel
 from results.errors import QueryError, StoreNotFound
+from results.schema import SCHEMA
 from results.store import Store
 
 FORMATS = ("table", "csv", "json")
@@ -42,7 +43,7 @@ def views(root: str, sql: str | None = None) -> dict[str, pd.DataFrame | object]
     """The query views of a store (arrow table for `cells`, DataFrames for the analyses); with `sql`, only
     those it can use (see views_of)."""
     store = Store.open(root)
-    return views_of(store.read_table(), store.read_calibration().to_pandas(), sql, root)
+    return views_of(store.read_table(columns=_columns(sql)), store.read_calibration().to_pandas(), sql, root)
 
 
 INTERVAL_COLUMNS = ["step_ms_ci_lo", "step_ms_ci_hi", "n_repeats", "n_steps"]
@@ -61,6 +62,15 @@ def _uses(sql: str | None, *names: str) -> bool:
         return True
     text = sql.lower()
     return "*" in text.replace("count(*)", "") or "columns(" in text or any(n in text for n in names)
+
+
+def _columns(sql: str | None) -> list[str] | None:
+    """The row columns `sql` can reach (None: all): only those are decoded from the files. Every analysis
+    view needs whole rows; otherwise a column is reached only through its name (or `*`, COLUMNS(...))."""
+    if _uses(sql, *INTERVAL_COLUMNS, *CELL_FLAGS, "cell_intervals", *ANALYSES):
+        return None
+    text = sql.lower() if sql else ""
+    return [f.name for f in SCHEMA if f.name in text]
 
 
 def views_of(table: pa.Table, calibration: pd.DataFrame, sql: str | None = None,

@@ -189,9 +189,11 @@ class Store:
                     found.append(FileStat(entry.path, st.st_mtime_ns, st.st_size))
         return found
 
-    def read_table(self, cluster: str | None = None, sweep: str | None = None) -> pa.Table:
-        """All rows as one table in SCHEMA, read in parallel (see results.reader for the guarantees)."""
-        return reader.combine(reader.read_files(self.fs, self.files(cluster, sweep)).values())
+    def read_table(self, cluster: str | None = None, sweep: str | None = None,
+                   columns: list[str] | None = None) -> pa.Table:  # fmt: skip
+        """All rows as one table in SCHEMA (or only `columns`, plus those the reader checks), read in parallel
+        (see results.reader for the guarantees)."""
+        return reader.combine(reader.read_files(self.fs, self.files(cluster, sweep), columns))
 
     def labels(self) -> dict[str, list[str]]:
         """{cluster: [sweep ids]} present under the root."""

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import hmac
-import html
 import io
 import json
 import logging
@@ -27,8 +26,8 @@ from results import query as query_mod
 from results.cache import CachedStore
 from results.report import render_html
 from results.store import require_label
-from service import jobs
-from trainers.errors import ConfigError, DDPSweepError
+from service import dashboard, jobs
+from trainers.errors import DDPSweepError
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +155,9 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     # bound beyond it, every endpoint but the API docs asks for the token.
     read_auth = [] if settings.public_reads else [auth]
     add_sweep_routes(app, settings, auth, read_auth)
-    add_result_routes(app, settings, CachedStore(settings.results), auth, read_auth)
+    cache = CachedStore(settings.results)
+    add_result_routes(app, settings, cache, auth, read_auth)
+    add_dashboard_routes(app, settings, cache, read_auth)
     return app
 
 
@@ -196,26 +197,6 @@ def add_sweep_routes(app: FastAPI, settings: ServiceSettings, auth, read_auth: l
     @app.delete("/sweeps/{sweep_id}", dependencies=[auth], summary="Stop a sweep (written rows stay)")
     def stop_sweep(sweep_id: str) -> dict:
         return {"sweep_id": sweep_id, "stopped": jobs.stop(settings.address, _label("sweep_id", sweep_id))}
-
-    @app.get("/", response_class=HTMLResponse, dependencies=read_auth, summary="HTML index of sweeps")
-    def index() -> str:
-        try:
-            sweeps = jobs.status(settings.address)
-        except (jobs.JobsError, ConfigError) as e:
-            sweeps, note = [], f"<p>Ray Jobs unavailable: {html.escape(str(e))}</p>"
-        else:
-            note = ""
-        rows = "".join(
-            f"<tr><td>{html.escape(s.sweep_id)}</td><td>{html.escape(s.state)}</td><td>{s.written}/{s.planned}</td>"
-            f"<td>{s.errors}</td><td>{html.escape(s.cluster)}</td>"
-            f"<td><a href='/report?sweep={html.escape(s.sweep_id)}'>report</a></td></tr>"
-            for s in sweeps
-        )
-        return (f"<!doctype html><html><head><meta charset='utf-8'><title>ddpsweep</title></head><body>"
-                f"<h1>ddpsweep sweeps</h1>{note}<table border=1><tr><th>sweep</th><th>state</th><th>cells</th>"
-                f"<th>errors</th><th>cluster</th><th></th></tr>{rows}</table>"
-                f"<p><a href='/docs'>API docs</a> · <a href='/report'>report of all results</a></p>"
-                f"</body></html>")  # fmt: skip
 
 
 def add_result_routes(app: FastAPI, settings: ServiceSettings, cache: CachedStore, auth, read_auth: list) -> None:
@@ -260,3 +241,24 @@ def add_result_routes(app: FastAPI, settings: ServiceSettings, cache: CachedStor
         calibration = cache.calibration(cluster, sweep)
         title = f"ddpsweep report: {cluster or 'all clusters'}{' / ' + sweep if sweep else ''}"
         return render_html(rows, title, calibration=calibration)
+
+
+def add_dashboard_routes(app: FastAPI, settings: ServiceSettings, cache: CachedStore, read_auth: list) -> None:
+    """The dashboard's pages (service.dashboard); reads follow the API's rule."""
+
+    @app.get("/", response_class=HTMLResponse, dependencies=read_auth, summary="Dashboard: every sweep")
+    def index() -> str:
+        return dashboard.sweeps_page()
+
+    @app.get("/ui/sweeps.json", dependencies=read_auth, summary="The sweeps table of the dashboard")
+    def sweeps_json() -> Response:
+        return Response(dashboard.sweeps_json(cache, settings.address), media_type="application/json")
+
+    @app.get("/ui/sweep/{cluster}/{sweep}", response_class=HTMLResponse, dependencies=read_auth,
+             summary="Dashboard: one sweep")  # fmt: skip
+    def sweep_page(cluster: str, sweep: str) -> str:
+        return dashboard.sweep_page(cache, _label("cluster", cluster), _label("sweep", sweep))
+
+    @app.get("/ui/compare", response_class=HTMLResponse, dependencies=read_auth, summary="Dashboard: two clusters")
+    def compare_page(a: str | None = None, b: str | None = None) -> str:
+        return dashboard.compare_page(cache, _label("a", a), _label("b", b))

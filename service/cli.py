@@ -55,8 +55,9 @@ def run(
         os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # Ctrl-C interrupts the sweep (below), not just Tune
         typer.echo(f"sweep {plan.sweep_id}: {len(plan.todo)} of {plan.planned} measurements to run "
                    f"in {len(plan.groups())} worker group(s) -> {plan.store.uri}")  # fmt: skip
-        outcome = runner.execute(plan, address=address, verbose=verbose, progress=progress_printer(len(plan.todo)),
-                                 notice=lambda message: typer.echo(f"warning: {message}", err=True))  # fmt: skip
+        with progress_printer(len(plan.todo)) as progress:
+            outcome = runner.execute(plan, address=address, verbose=verbose, progress=progress,
+                                     notice=lambda message: typer.echo(f"warning: {message}", err=True))  # fmt: skip
     except DDPSweepError as e:
         raise fail(str(e)) from None
     except KeyboardInterrupt:
@@ -65,21 +66,12 @@ def run(
 
 
 def progress_printer(total: int):
-    """A progress callback printing one line per row; a closed stdout (`| head -1`) silences it but never
-    stops the sweep."""
+    """Live progress on a terminal, one line per row elsewhere (service.progress); a closed stdout
+    (`| head -1`) silences it but never stops the sweep."""
+    from service.progress import SweepProgress
     from sweeps.summary import progress_line
 
-    state = {"done": 0, "open": True}
-
-    def progress(row: dict) -> None:
-        state["done"] += 1
-        if state["open"]:
-            try:
-                typer.echo(progress_line(row, state["done"], total))
-            except (BrokenPipeError, OSError):
-                state["open"] = False
-
-    return progress
+    return SweepProgress(total, progress_line)
 
 
 def interrupted(plan, spec: str) -> typer.Exit:
@@ -302,11 +294,14 @@ def logs(
             typer.echo(jobs.logs(address, sweep_id), nl=False)
             return
 
-        async def stream() -> None:
-            async for chunk in jobs.follow_logs(address, sweep_id):
-                typer.echo(chunk, nl=False)
+        from service.progress import LogProgress
 
-        asyncio.run(stream())
+        async def stream(out: LogProgress) -> None:
+            async for chunk in jobs.follow_logs(address, sweep_id):
+                out.feed(chunk)
+
+        with LogProgress() as out:
+            asyncio.run(stream(out))
     except DDPSweepError as e:
         raise fail(str(e)) from None
 

@@ -53,6 +53,15 @@ def measuring(sweep_id: str, lock_dir: Path = LOCK_DIR) -> Iterator[list[str]]:
             path.unlink(missing_ok=True)
 
 
+def sweeps_measuring(lock_dir: Path = LOCK_DIR) -> set[str]:
+    """Ids of the sweeps measuring on this machine right now (their lock files are locked)."""
+    if not lock_dir.is_dir():
+        return set()
+    names = {p.read_text().split()[1] for p in lock_dir.glob("*.lock") if p.is_file() and p.read_text().strip()}
+    held = set(_holders(lock_dir, None))
+    return {n for n in names if any(h.startswith(f"sweep {n} ") for h in held)}
+
+
 def local_ray_cluster_running() -> bool:
     """Whether `ray start --head` left a cluster address on this machine (the embedded sweep ignores it)."""
     return RAY_CURRENT_CLUSTER.is_file()

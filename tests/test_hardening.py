@@ -70,23 +70,49 @@ def test_csv_exports_neutralize_spreadsheet_formulas(seed_store, text):
     assert ",'" in line or ",\"'" in line  # the cell starts with an apostrophe: text, not a formula
 
 
-def test_a_closed_stdout_silences_progress_but_never_stops_the_sweep(monkeypatch):
-    import typer
+def test_a_closed_stdout_silences_progress_but_never_stops_the_sweep():
+    import io
 
-    from service.cli import progress_printer
+    from service.progress import SweepProgress
+    from sweeps.summary import progress_line
 
     calls = []
 
-    def broken(text, *a, **kw):
-        calls.append(text)
-        raise BrokenPipeError(32, "Broken pipe")
+    class Closed(io.StringIO):
+        def write(self, text):
+            calls.append(text)
+            raise BrokenPipeError(32, "Broken pipe")
 
-    monkeypatch.setattr(typer, "echo", broken)
-    progress = progress_printer(3)
+    progress = SweepProgress(3, progress_line, stream=Closed())
     row = seed_rows()[1] | {"round": 0}
-    for _ in range(3):
-        progress(row)  # must not raise: the sweep's callback goes on writing rows
-    assert len(calls) == 1  # tried once, then stayed quiet
+    with progress:
+        for _ in range(3):
+            progress(row)  # must not raise: the sweep's callback goes on writing rows
+    assert len(calls) == 1 and not progress.live  # tried once, then stayed quiet; not a TTY: plain lines
+
+
+def test_progress_on_a_terminal_counts_errors_and_prints_every_line():
+    import io
+
+    from service.progress import LogProgress, SweepProgress
+    from sweeps.summary import progress_line
+
+    out = io.StringIO()
+    ok, bad = seed_rows()[1] | {"round": 0}, seed_rows()[2] | {"round": 0, "status": "error", "error": "boom"}
+    with SweepProgress(3, progress_line, stream=out, live=True) as progress:
+        for row in (ok, bad, ok):
+            progress(row)
+    text = out.getvalue()
+    assert "3/3" in text and "errors 1" in text and "ERROR boom" in text and text.count(ok["cell_id"]) >= 2
+    plain = io.StringIO()
+    with SweepProgress(2, progress_line, stream=plain) as progress:  # not a TTY: exactly one line per row
+        progress(ok)
+        progress(bad)
+    assert plain.getvalue().splitlines()[0].startswith("[1/2] ") and len(plain.getvalue().splitlines()) == 2
+    followed = io.StringIO()
+    with LogProgress(stream=followed, live=True) as log:
+        log.feed(progress_line(ok, 1, 4) + "\n" + progress_line(bad, 2, 4) + "\n")
+    assert "2/4" in followed.getvalue() and "errors 1" in followed.getvalue()
 
 
 def test_errors_quote_at_most_a_short_prefix_of_a_value():

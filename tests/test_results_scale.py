@@ -123,7 +123,7 @@ def test_the_cache_reads_only_new_files_and_follows_compaction(two_sweeps, monke
     assert cache.table().num_rows == len(rows_of(two_sweeps))
     reads = []
     real = reader.read_file
-    monkeypatch.setattr(reader, "read_file", lambda fs, p: reads.append(p) or real(fs, p))
+    monkeypatch.setattr(reader, "read_file", lambda fs, p, *a: reads.append(p) or real(fs, p, *a))
     row = seed_rows(sweep="s1")[0] | {"cell_id": "new-cell"}
     two_sweeps.write_row(row)
     refreshed = cache.table().num_rows

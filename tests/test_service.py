@@ -78,7 +78,8 @@ def test_post_sweeps_runs_on_the_cluster_and_rows_come_back_over_http(api):
     assert all(len(json.loads(r["step_times_ms"])) == 10 for r in records)
     counted = client.post("/query", json={"sql": "select count(*) n from cells"}, headers=AUTH).json()
     assert counted == [{"n": 5}]
-    assert sweep_id in client.get("/").text
+    listed = {s["sweep_id"]: s for s in client.get("/ui/sweeps.json").json()}  # what the dashboard's table shows
+    assert listed[sweep_id]["state"] == "SUCCEEDED" and listed[sweep_id]["written"] == 5
     assert client.get("/report", params={"sweep": sweep_id}).text.count("data:image/png") >= 2
     assert [s["sweep_id"] for s in client.get("/sweeps").json()].count(sweep_id) == 1
 

@@ -1,0 +1,37 @@
+# Two commands for a fresh clone (each sets everything up on first use, then is a no-op for set-up):
+#   make smoke   the smoke sweep on the embedded local Ray, then its summary
+#   make test    the test suite (what CI runs)
+# The manual steps they perform are in README.md.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: smoke test setup clean browser
+
+setup: $(STAMP)
+
+# CPU torch from local disk first: an unpinned torch would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+smoke: $(STAMP)
+	$(BIN)/ddpsweep run sweeps/specs/smoke.yaml
+
+# The browser tier needs Debian's chromium + chromium-driver; installed here when possible (root, apt),
+# otherwise that tier skips and says why.
+browser:
+	@command -v chromedriver >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) \
+	  >/dev/null 2>&1; } || echo "chromium not installed: the browser tests will skip"
+
+test: $(STAMP) browser
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV)

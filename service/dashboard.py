@@ -1,0 +1,181 @@
+"""The dashboard: HTML pages over the same cached store as the API (server-rendered SVG, no external assets).
+
+/                          every sweep in the store (local runs included), merged with Ray Jobs where a
+                           cluster is attached; the table refreshes itself every 2 s from /ui/sweeps.json
+/ui/sweep/{cluster}/{id}   U-curves, efficiency and no_sync with intervals, best buckets, errors, downloads
+/ui/compare?a=C1&b=C2      two clusters' U-curves overlaid, and the comparison table with its flags
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+
+import pandas as pd
+
+from results import analysis
+from results import compare as compare_mod
+from results.cache import CachedStore
+from service import jobs
+from service.svg import Point, Series, line_chart
+from sweeps import machine
+
+STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em 2em;color:#222;max-width:1280px}
+table{border-collapse:collapse;font-size:13px;margin:.6em 0}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}
+th{background:#f4f4f4}td.l,th.l{text-align:left}nav a{margin-right:1em}.charts{display:flex;flex-wrap:wrap;gap:12px}
+.chart{border:1px solid #eee;background:#fff}.chart .axis{stroke:#444}.chart .grid{stroke:#eee}
+.chart .tick,.chart .legend{font-size:11px;fill:#333}.chart .label{font-size:12px;fill:#333}
+.chart .title{font-size:13px;font-weight:600}.point:hover{r:6}.err{color:#b00}.empty{color:#777}"""
+
+
+def page(title: str, body: str, script: str = "") -> str:
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{STYLE}</style></head><body><nav><a href='/'>sweeps</a><a href='/ui/compare'>compare</a>"
+            f"<a href='/docs'>API</a></nav><h1>{html.escape(title)}</h1>{body}"
+            f"{'<script>' + script + '</script>' if script else ''}</body></html>")  # fmt: skip
+
+
+def sweeps(cache: CachedStore, address: str | None) -> list[dict]:
+    """One dict per sweep: cluster, sweep_id, spec_name, started, state, written, planned, errors."""
+    rows = cache.table().select(["cluster", "sweep_id", "spec_name", "status", "started_at"]).to_pandas()
+    running_here = machine.sweeps_measuring()
+    remote = _jobs_by_sweep(address)
+    out = []
+    for (cluster, sweep), g in rows.groupby(["cluster", "sweep_id"], sort=False):
+        manifest = cache.manifest(cluster, sweep)
+        job = remote.get(sweep)
+        state = job.state if job else ("RUNNING (this machine)" if sweep in running_here else "")
+        written, planned = len(g), int(manifest.get("planned", 0)) if manifest else 0
+        out.append({"cluster": cluster, "sweep_id": sweep, "spec_name": str(g["spec_name"].iloc[0]),
+                    "started": str(g["started_at"].min())[:19], "state": state or ("done" if written >= planned
+                    else "partial"), "written": written, "planned": planned,
+                    "errors": int((g["status"] == "error").sum())})  # fmt: skip
+    known = {s["sweep_id"] for s in out}
+    out += [{"cluster": j.cluster, "sweep_id": j.sweep_id, "spec_name": "", "started": "", "state": j.state,
+             "written": 0, "planned": j.planned, "errors": 0}
+            for j in remote.values() if j.sweep_id not in known]  # fmt: skip
+    return sorted(out, key=lambda s: s["started"], reverse=True)
+
+
+def _jobs_by_sweep(address: str | None) -> dict:
+    if not address:
+        return {}
+    try:
+        return {s.sweep_id: s for s in jobs.status(address)}
+    except Exception:  # noqa: BLE001 — the store's sweeps are shown without Ray Jobs state
+        return {}
+
+
+SWEEPS_SCRIPT = """
+async function refresh(){
+  const r = await fetch('/ui/sweeps.json'); if(!r.ok) return;
+  const rows = await r.json();
+  document.getElementById('sweeps').innerHTML = rows.map(s => `<tr data-sweep="${s.sweep_id}">`
+    + `<td class=l>${s.cluster}</td><td class=l><a href="/ui/sweep/${encodeURIComponent(s.cluster)}/`
+    + `${encodeURIComponent(s.sweep_id)}">${s.sweep_id}</a></td><td class=l>${s.spec_name}</td>`
+    + `<td class=l>${s.started}</td><td class=l>${s.state}</td><td class=written>${s.written}/${s.planned || '?'}</td>`
+    + `<td>${s.errors}</td></tr>`).join('');
+  document.getElementById('updated').textContent = new Date().toLocaleTimeString();
+}
+refresh(); setInterval(refresh, 2000);
+"""
+
+
+def sweeps_page() -> str:
+    head = "".join(f"<th class=l>{h}</th>" for h in ("cluster", "sweep", "spec", "started", "state"))
+    body = (f"<p>Every sweep in the results store; updated <span id='updated'>…</span>.</p>"
+            f"<table><thead><tr>{head}<th>written / planned</th><th>errors</th></tr></thead>"
+            f"<tbody id='sweeps'></tbody></table>")  # fmt: skip
+    return page("ddpsweep sweeps", body, SWEEPS_SCRIPT)
+
+
+def _finite(v) -> float | None:
+    return float(v) if v is not None and not pd.isna(v) and math.isfinite(float(v)) else None
+
+
+def curve_series(cells: pd.DataFrame, y: str, label: str = "") -> list[Series]:
+    """One series per (world, gas, no_sync) curve over bucket_cap_mb, with the y interval where known."""
+    ddp = cells[(cells["mode"] == "ddp") & cells["bucket_cap_mb"].notna()]
+    out = []
+    for (world, gas, no_sync), g in ddp.groupby(["world_size", "gas", "no_sync"]):
+        pts = [Point(float(r["bucket_cap_mb"]), float(r[y]), _finite(r.get(f"{y}_ci_lo")), _finite(r.get(f"{y}_ci_hi")))
+               for _, r in g.iterrows() if _finite(r[y]) is not None]  # fmt: skip
+        name = f"{label}w={world} gas={gas}{' no_sync' if no_sync else ''}"
+        out.append(Series(name, pts))
+    return out
+
+
+def _table(df: pd.DataFrame, columns: list[str], table_id: str) -> str:
+    cols = [c for c in columns if c in df.columns]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(r[c]))}</td>" for c in cols) + "</tr>"
+                   for _, r in df.iterrows())  # fmt: skip
+    return f"<table id='{table_id}'><tr>{head}</tr>{body}</table>"
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return "" if math.isnan(v) else f"{v:.4g}"
+    if isinstance(v, list | tuple):
+        return ", ".join(f"{x:g}" if isinstance(x, float) else str(x) for x in v)
+    return str(v)
+
+
+def sweep_page(cache: CachedStore, cluster: str, sweep: str) -> str:
+    rows = cache.rows(cluster, sweep)
+    cells = analysis.with_baseline(rows)
+    charts = [line_chart(curve_series(cells, "step_ms"), title="U-curve: step time vs bucket", log_x=True,
+                         x_label="bucket_cap_mb", y_label="step ms (median, 95% interval)", chart_id="u_curve"),
+              line_chart(curve_series(cells, "efficiency"), title="scaling efficiency vs bucket", log_x=True,
+                         x_label="bucket_cap_mb", y_label="efficiency", chart_id="efficiency")]  # fmt: skip
+    gain = analysis.no_sync_gain(rows)
+    curve = analysis.u_curve(rows)
+    errors = rows[rows["status"] == "error"]
+    q = f"cluster={html.escape(cluster)}&amp;sweep={html.escape(sweep)}"
+    logs = f"/sweeps/{html.escape(sweep)}/logs"
+    parts = [f"<p>{len(rows)} rows, {len(errors)} errors. Download: <a href='/cells?{q}&amp;format=csv'>CSV</a> · "
+             f"<a href='/cells?{q}&amp;format=parquet'>Parquet</a> · <a href='{logs}'>logs</a>"
+             f" · <a href='/report?{q}'>full report</a></p>", f"<div class='charts'>{''.join(charts)}</div>",
+             "<h2>Best bucket per curve</h2>", _table(curve, ["world_size", "gas", "no_sync", "best_bucket_cap_mb",
+             "indistinguishable_buckets_mb", "best_step_ms", "best_step_ms_ci_lo", "best_step_ms_ci_hi",
+             "best_efficiency"], "best")]  # fmt: skip
+    if not gain.empty:
+        parts += ["<h2>no_sync gain</h2>", _table(gain, ["world_size", "gas", "bucket_cap_mb", "step_ms_sync",
+                  "step_ms_no_sync", "saved_ms", "saved_ms_ci_lo", "saved_ms_ci_hi"], "no_sync")]  # fmt: skip
+    cal = cache.calibration(cluster, sweep)
+    if not cal.empty:
+        ar = cal[cal["kind"] == "all_reduce"]
+        pts = [Series(f"w={w}", [Point(r["size_bytes"] / 2**20, r["busbw_gbps"]) for _, r in g.iterrows()])
+               for w, g in ar.groupby("world_size")]  # fmt: skip
+        parts.append(line_chart(pts, title="calibration: all-reduce bus bandwidth", log_x=True,
+                                x_label="message MiB", y_label="busbw GB/s", chart_id="calibration"))  # fmt: skip
+    if not errors.empty:
+        parts += ["<h2>Errors</h2>", _table(errors, ["cell_id", "repeat", "mode", "bucket_cap_mb", "error"], "errors")]
+    return page(f"sweep {sweep} on {cluster}", "".join(parts))
+
+
+def compare_page(cache: CachedStore, a: str | None, b: str | None) -> str:
+    clusters = sorted(set(cache.table()["cluster"].to_pylist()))
+
+    def options(chosen: str | None) -> str:
+        return "".join(f"<option{' selected' if c == chosen else ''}>{html.escape(c)}</option>" for c in clusters)
+
+    form = (f"<form method='get'>cluster A <select name='a'>{options(a)}</select> cluster B <select name='b'>"
+            f"{options(b)}</select> <button>compare</button></form>")  # fmt: skip
+    if not a or not b:
+        return page("compare two clusters", form)
+    rows = pd.concat([cache.rows(a), cache.rows(b)], ignore_index=True)
+    cells = analysis.with_baseline(rows)
+    series = [s for c in (a, b) for s in curve_series(cells[cells["cluster"] == c], "step_ms", f"{c}: ")]
+    chart = line_chart(series, title=f"U-curves: {a} vs {b}", log_x=True, x_label="bucket_cap_mb",
+                       y_label="step ms (median, 95% interval)", chart_id="compare_curves")  # fmt: skip
+    table = _table(compare_mod.compare(rows, a, b), ["mode", "world_size", "gas", "no_sync", "bucket_cap_mb",
+                   f"step_ms_{a}", f"step_ms_{b}", "ratio", "ratio_ci_lo", "ratio_ci_hi", "verdict", "comparable",
+                   "why"], "comparison")  # fmt: skip
+    return page(f"compare {a} vs {b}", form + chart + "<h2>Cell by cell (b / a)</h2>" + table)
+
+
+def sweeps_json(cache: CachedStore, address: str | None) -> str:
+    return json.dumps(sweeps(cache, address))

@@ -1,0 +1,160 @@
+"""The dashboard in a real browser: headless Chromium (Debian's chromium + chromium-driver) through Selenium,
+against `ddpsweep serve` over a store written by a real sweep. Screenshots go to $DDPSWEEP_SCREENSHOTS
+(default: a temporary folder). Skipped, with the reason, where Chromium or Selenium is missing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from results import analysis
+from results.store import Store, load
+from tests.ray_head import free_port
+
+pytestmark = [pytest.mark.browser, pytest.mark.ray]
+ROOT = Path(__file__).resolve().parent.parent
+CHROMEDRIVER = shutil.which("chromedriver")
+MINI = """name: dash
+cluster: local
+model: tiny
+micro_batch: 4
+seq_len: 32
+warmup_steps: 1
+timed_steps: 3
+workers: [2]
+bucket_cap_mb: [0.05, 25]
+gas: [1]
+backend: gloo
+use_gpu: false
+cpus_per_worker: 1
+repeats: 3
+"""
+
+if CHROMEDRIVER is None or shutil.which("chromium") is None:
+    pytest.skip("needs Debian's chromium and chromium-driver (apt-get install -y chromium chromium-driver)",
+                allow_module_level=True)  # fmt: skip
+webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install selenium)")
+
+
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory) -> str:
+    """A store holding a real sweep's rows (2 workers, 2 buckets, 3 rounds) and a second, derived cluster."""
+    root = tmp_path_factory.mktemp("dash") / "store"
+    spec = root.parent / "dash.yaml"
+    spec.write_text(MINI)
+    proc = subprocess.run([sys.executable, "-m", "service.cli", "run", str(spec), "--results", str(root)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    store = Store.open(str(root))
+    for row in store.read_table().to_pylist():  # a second cluster 20% faster, for the compare page
+        store.write_row(row | {"cluster": "faster", "step_ms": row["step_ms"] * 0.8,
+                               "step_times_ms": [t * 0.8 for t in row["step_times_ms"] or []]})  # fmt: skip
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def server(store_dir):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--results", store_dir],
+                            cwd=ROOT, env={**os.environ, "DDPSWEEP_TOKEN": "t"}, stderr=subprocess.DEVNULL)  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    import httpx
+
+    for _ in range(200):
+        try:
+            httpx.get(f"{base}/openapi.json", timeout=2)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    yield base
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    opts = Options()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1300,1000"):
+        opts.add_argument(arg)
+    opts.binary_location = shutil.which("chromium")
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    yield driver
+    driver.quit()
+
+
+def shots() -> Path:
+    folder = Path(os.environ.get("DDPSWEEP_SCREENSHOTS") or Path(os.environ.get("TMPDIR", "/tmp")) / "ddpsweep-shots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def wait_for(predicate, timeout: float = 20.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError("timed out waiting for the page")
+
+
+def no_console_errors(driver) -> None:
+    severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE" and "favicon" not in e["message"]]
+    assert severe == []
+
+
+def test_the_sweeps_page_lists_the_store_and_updates_itself(browser, server, store_dir):
+    from selenium.webdriver.common.by import By
+
+    browser.get(server + "/")
+    rows = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#sweeps tr"))
+    by_cluster = {r.find_elements(By.TAG_NAME, "td")[0].text: r for r in rows}
+    assert set(by_cluster) == {"local", "faster"}
+    written = by_cluster["local"].find_element(By.CLASS_NAME, "written").text
+    stored = load(store_dir, cluster="local")
+    assert written == f"{len(stored)}/{len(stored)}"  # written / planned, as the store holds them
+    browser.save_screenshot(str(shots() / "sweeps.png"))
+    store = Store.open(store_dir)
+    store.write_row(store.read_table(cluster="local").to_pylist()[0] | {"sweep_id": "live-1", "cell_id": "live"})
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#sweeps tr[data-sweep='live-1']"))  # no reload
+    no_console_errors(browser)
+
+
+def test_the_sweep_page_draws_the_stored_medians(browser, server, store_dir):
+    from selenium.webdriver.common.by import By
+
+    stored = load(store_dir, cluster="local")
+    sweep = stored["sweep_id"].iloc[0]
+    browser.get(f"{server}/ui/sweep/local/{sweep}")
+    points = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#u_curve circle.point"))
+    cells = analysis.with_baseline(stored)
+    expected = sorted(round(v, 3) for v in cells[cells["mode"] == "ddp"]["step_ms"])
+    assert sorted(round(float(p.get_attribute("data-y")), 3) for p in points) == expected
+    tip = points[0].find_element(By.TAG_NAME, "title").get_attribute("textContent")
+    assert "bucket_cap_mb" in tip and "[" in tip  # hover shows the value and its interval
+    assert browser.find_elements(By.CSS_SELECTOR, "#best tr") and browser.find_elements(By.CSS_SELECTOR, "#efficiency")
+    browser.save_screenshot(str(shots() / "sweep.png"))
+    no_console_errors(browser)
+
+
+def test_the_compare_page_overlays_two_clusters(browser, server):
+    from selenium.webdriver.common.by import By
+
+    browser.get(f"{server}/ui/compare?a=local&b=faster")
+    series = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#compare_curves g.series"))
+    names = {s.get_attribute("data-series").split(":")[0] for s in series}
+    assert names == {"local", "faster"}
+    ratios = [float(td.text) for td in browser.find_elements(By.CSS_SELECTOR, "#comparison tr td:nth-child(8)")]
+    assert ratios and all(abs(r - 0.8) < 0.03 for r in ratios)  # b/a = 0.8 as made (a bootstrap point estimate)
+    browser.save_screenshot(str(shots() / "compare.png"))
+    no_console_errors(browser)
