@@ -259,6 +259,7 @@ def add_dashboard_routes(app: FastAPI, settings: ServiceSettings, cache: CachedS
     def sweep_page(cluster: str, sweep: str) -> str:
         return dashboard.sweep_page(cache, _label("cluster", cluster), _label("sweep", sweep))
 
-    @app.get("/ui/compare", response_class=HTMLResponse, dependencies=read_auth, summary="Dashboard: two clusters")
-    def compare_page(a: str | None = None, b: str | None = None) -> str:
-        return dashboard.compare_page(cache, _label("a", a), _label("b", b))
+    @app.get("/ui/compare", response_class=HTMLResponse, dependencies=read_auth,
+             summary="Dashboard: two clusters or two sweeps")  # fmt: skip
+    def compare_page(a: str | None = None, b: str | None = None, by: Literal["cluster", "sweep"] = "cluster") -> str:
+        return dashboard.compare_page(cache, _label("a", a), _label("b", b), by)

@@ -156,17 +156,23 @@ def sweep_page(cache: CachedStore, cluster: str, sweep: str) -> str:
     return page(f"sweep {sweep} on {cluster}", "".join(parts))
 
 
-def compare_page(cache: CachedStore, a: str | None, b: str | None) -> str:
-    clusters = sorted(set(cache.table()["cluster"].to_pylist()))
+def compare_page(cache: CachedStore, a: str | None, b: str | None, by: str = "cluster") -> str:
+    """Two clusters (by=cluster) or two sweeps (by=sweep) side by side: curves overlaid, then the table."""
+    column = "cluster" if by == "cluster" else "sweep_id"
+    labels = sorted(set(cache.table()[column].to_pylist()))
 
     def options(chosen: str | None) -> str:
-        return "".join(f"<option{' selected' if c == chosen else ''}>{html.escape(c)}</option>" for c in clusters)
+        return "".join(f"<option{' selected' if c == chosen else ''}>{html.escape(c)}</option>" for c in labels)
 
-    form = (f"<form method='get'>cluster A <select name='a'>{options(a)}</select> cluster B <select name='b'>"
-            f"{options(b)}</select> <button>compare</button></form>")  # fmt: skip
+    other = "sweep" if by == "cluster" else "cluster"
+    form = (f"<form method='get'><input type='hidden' name='by' value='{by}'>{by} A <select name='a'>{options(a)}"
+            f"</select> {by} B <select name='b'>{options(b)}</select> <button>compare</button> "
+            f"<a href='/ui/compare?by={other}'>compare two {other}s instead</a></form>")  # fmt: skip
     if not a or not b:
-        return page("compare two clusters", form)
-    rows = pd.concat([cache.rows(a), cache.rows(b)], ignore_index=True)
+        return page(f"compare two {by}s", form)
+    picked = [cache.rows(a) if by == "cluster" else cache.rows(sweep=a).assign(cluster=a),
+              cache.rows(b) if by == "cluster" else cache.rows(sweep=b).assign(cluster=b)]  # fmt: skip
+    rows = pd.concat(picked, ignore_index=True)
     cells = analysis.with_baseline(rows)
     series = [s for c in (a, b) for s in curve_series(cells[cells["cluster"] == c], "step_ms", f"{c}: ")]
     chart = line_chart(series, title=f"U-curves: {a} vs {b}", log_x=True, x_label="bucket_cap_mb",

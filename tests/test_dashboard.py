@@ -1,0 +1,35 @@
+"""The dashboard's pages in-process (the browser tier drives them in Chromium): what they show is the store."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from fastapi.testclient import TestClient
+
+from results.store import Store
+from service.api import ServiceSettings, create_app
+from tests.seed_rows import seed_rows
+
+
+def test_two_sweeps_compare_and_the_sweeps_table_counts(tmp_path):
+    store = Store.open(str(tmp_path))
+    for r in seed_rows(sweep="s1"):
+        store.write_row(r)
+    for r in seed_rows(sweep="s2"):
+        store.write_row(r | {"step_ms": r["step_ms"] * 0.8, "step_times_ms": None})
+    client = TestClient(create_app(ServiceSettings(address=None, results=str(tmp_path), token="t")))
+    listed = {s["sweep_id"]: s for s in client.get("/ui/sweeps.json").json()}
+    assert {k: (v["written"], v["errors"]) for k, v in listed.items()} == {"s1": (8, 0), "s2": (8, 0)}
+    page = client.get("/ui/compare", params={"by": "sweep", "a": "s1", "b": "s2"})
+    assert page.status_code == 200 and "<circle" in page.text
+    table = page.text[page.text.index("id='comparison'") :]
+    rows = re.findall(r"<tr>(.*?)</tr>", table)[1:]
+    ratios = [float(re.findall(r"<td>(.*?)</td>", row)[7]) for row in rows]  # the 8th column: ratio b / a
+    assert ratios and all(abs(r - 0.8) < 1e-6 for r in ratios)  # every cell 20% faster, as written
+    assert client.get("/ui/compare", params={"by": "sweep", "a": "s1", "b": "nope"}).status_code == 404
+    sweep = client.get("/ui/sweep/pcie-8x/s1").text
+    medians = sorted(float(y) for y in re.findall(r"id='u_curve'.*?</svg>", sweep, re.S)[0].split("data-y='")[1:]
+                     for y in [y.split("'")[0]])  # fmt: skip
+    stored = sorted(r["step_ms"] for r in seed_rows(sweep="s1") if r["mode"] == "ddp")
+    assert medians == pytest.approx(stored, rel=1e-5)  # drawn to 6 significant digits
