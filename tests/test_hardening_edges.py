@@ -277,3 +277,12 @@ def test_the_embedded_ray_starts_its_own_beside_a_ray_start_cluster():
             address_file.unlink(missing_ok=True)
         else:
             address_file.write_text(saved)
+
+
+def test_a_dry_run_of_the_scaling_spec_never_touches_its_store():
+    # its results root is s3://my-bucket/…, unreachable here; --address skips this machine's pre-flight
+    cmd = [sys.executable, "-m", "service.cli", "run", "sweeps/specs/scaling.yaml", "--dry-run", "--address",
+           "http://127.0.0.1:9"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "measurements in" in proc.stdout and "error" not in proc.stderr.lower()
