@@ -48,7 +48,7 @@ def compact_sweep(store: Store, cluster: str, sweep_id: str) -> Compaction:
     tables = reader.read_files(store.fs, [f.path for f in listing])
     skipped: set[str] = set()
     table = reader.combine(tables, skipped).sort_by([("cell_id", "ascending"), ("repeat", "ascending")])
-    store._write_atomic(store.sweep_dir(cluster, sweep_id), COMPACTED, lambda out: pq.write_table(
+    store.write_atomic(store.sweep_dir(cluster, sweep_id), COMPACTED, lambda out: pq.write_table(
         table, out, row_group_size=ROW_GROUP_ROWS, compression="zstd", write_statistics=True))  # fmt: skip
     # Only files whose rows all went into the compacted file are deleted (unreadable, alien, impossible or
     # mis-filed ones stay where a person can look at them).

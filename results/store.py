@@ -87,10 +87,10 @@ class Store:
         """Write one row atomically (temporary name, then rename). Returns the file's path."""
         table = row_table(row)
         name = f"{require_label('cell', row['cell_id'])}-r{int(row['repeat'])}.parquet"
-        return self._write_atomic(self.sweep_dir(row["cluster"], row["sweep_id"]), name,
+        return self.write_atomic(self.sweep_dir(row["cluster"], row["sweep_id"]), name,
                                   lambda out: pq.write_table(table, out))  # fmt: skip
 
-    def _write_atomic(self, folder: str, name: str, write) -> str:
+    def write_atomic(self, folder: str, name: str, write) -> str:
         """`write(stream)` into a hidden temporary file, then rename it to `name`: readers never see half."""
         self.fs.create_dir(folder, recursive=True)
         tmp = f"{folder}/.{name}.{uuid.uuid4().hex[:8]}.tmp"
@@ -106,7 +106,7 @@ class Store:
         folder = self.sweep_dir(first["cluster"], first["sweep_id"])
         name = f"_calibration-{require_label('group', first['group_id'])}-{uuid.uuid4().hex[:6]}.parquet"
         table = pa.Table.from_pylist([{f.name: r.get(f.name) for f in CALIBRATION} for r in rows], schema=CALIBRATION)
-        return self._write_atomic(folder, name, lambda out: pq.write_table(table, out))
+        return self.write_atomic(folder, name, lambda out: pq.write_table(table, out))
 
     def read_calibration(self, cluster: str | None = None, sweep: str | None = None) -> pa.Table:
         """Every calibration row under the root (optionally one cluster / sweep), in CALIBRATION."""
@@ -124,7 +124,7 @@ class Store:
     def write_manifest(self, cluster: str, sweep_id: str, manifest: dict) -> None:
         """The sweep's plan (`_sweep.json`, ignored by readers of rows), written atomically."""
         text = json.dumps(manifest, indent=1, default=str).encode()
-        self._write_atomic(self.sweep_dir(cluster, sweep_id), "_sweep.json", lambda out: out.write(text))
+        self.write_atomic(self.sweep_dir(cluster, sweep_id), "_sweep.json", lambda out: out.write(text))
 
     def read_manifest(self, cluster: str, sweep_id: str) -> dict | None:
         path = f"{self.sweep_dir(cluster, sweep_id)}/_sweep.json"

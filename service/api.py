@@ -57,19 +57,10 @@ def _error_response(status: int, type_: str, message: str, field: str | None = N
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def scrub_paths(message: str, *roots: str) -> str:
-    """The message with the server's results root, working directory and home folder replaced by names:
-    no response shows a filesystem path of the server."""
-    for root, name in [(r, "<results>") for r in roots] + [(os.getcwd(), "<cwd>"), (os.path.expanduser("~"), "<home>")]:
-        if root and len(root) > 1:
-            for form in {root, os.path.abspath(os.path.expanduser(root))}:
-                message = message.replace(form, name)
-    return message
-
-
 def install_error_handlers(app: FastAPI, settings: ServiceSettings) -> None:
     async def known_error(_: Request, exc: DDPSweepError):
-        message = scrub_paths(getattr(exc, "message", None) or str(exc), settings.results)
+        root = os.path.abspath(os.path.expanduser(settings.results))
+        message = query_mod.scrub(getattr(exc, "message", None) or str(exc), settings.results, root)
         return _error_response(exc.http_status, getattr(exc, "type", type(exc).__name__), message,
                                getattr(exc, "field", None))  # fmt: skip
 

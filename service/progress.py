@@ -27,21 +27,19 @@ from rich.progress import (
 LINE_COUNT = re.compile(r"^\[(\d+)/(\d+)\] ")  # the "[done/total] " that starts every progress line
 
 
-class SweepProgress:
-    """A progress callback (`progress(row)`) that is also a context manager around the sweep."""
+class _LiveOutput:
+    """Where output goes: plain text, or (on a TTY, or `live=True`) a rich bar with lines printed above it.
+    A closed stream silences the output, never the caller."""
 
-    def __init__(self, total: int, line: Callable[[dict, int, int], str], stream: TextIO | None = None,
-                 live: bool | None = None) -> None:  # fmt: skip
-        self.total, self.line, self.done, self.errors, self.open = total, line, 0, 0, True
+    def __init__(self, stream: TextIO | None, live: bool | None, description: str, total: int | None) -> None:
         self.stream = stream or sys.stdout
         self.live = self.stream.isatty() if live is None else live
-        self._bar: Progress | None = None
-        self._task = None
+        self.errors, self.open = 0, True
+        self._bar = _bar(Console(file=self.stream, force_terminal=True)) if self.live else None
+        self._task = self._bar.add_task(description, total=total, errors=0) if self._bar else None
 
-    def __enter__(self) -> SweepProgress:
-        if self.live:
-            self._bar = _bar(Console(file=self.stream, force_terminal=True))
-            self._task = self._bar.add_task("starting worker groups…", total=self.total, errors=0)
+    def __enter__(self):
+        if self._bar is not None:
             self._bar.start()
         return self
 
@@ -49,24 +47,32 @@ class SweepProgress:
         if self._bar is not None:
             self._bar.stop()
 
+    def _line(self, text: str, **update) -> None:
+        """Print `text` (above the bar when live) and, when live, update the bar's task with `update`."""
+        if self._bar is not None:
+            self._bar.update(self._task, errors=self.errors, **update)
+            self._bar.console.print(text, markup=False, highlight=False)
+            return
+        if self.open:
+            try:
+                print(text, file=self.stream, flush=True)
+            except (BrokenPipeError, OSError):
+                self.open = False
+
+
+class SweepProgress(_LiveOutput):
+    """A progress callback (`progress(row)`) that is also a context manager around the sweep."""
+
+    def __init__(self, total: int, line: Callable[[dict, int, int], str], stream: TextIO | None = None,
+                 live: bool | None = None) -> None:  # fmt: skip
+        super().__init__(stream, live, "starting worker groups…", total)
+        self.total, self.line, self.done = total, line, 0
+
     def __call__(self, row: dict) -> None:
         self.done += 1
         self.errors += row.get("status") != "ok"
-        text = self.line(row, self.done, self.total)
-        if self._bar is not None:
-            where = f"group {row.get('group_id') or '-'} · last cell {row.get('cell_id')}"
-            self._bar.update(self._task, advance=1, description=where, errors=self.errors)
-            self._bar.console.print(text, markup=False, highlight=False)
-        else:
-            self._echo(text)
-
-    def _echo(self, text: str) -> None:
-        if not self.open:
-            return
-        try:
-            print(text, file=self.stream, flush=True)
-        except (BrokenPipeError, OSError):
-            self.open = False
+        where = f"group {row.get('group_id') or '-'} · last cell {row.get('cell_id')}"
+        self._line(self.line(row, self.done, self.total), advance=1, description=where)
 
 
 def _bar(console: Console) -> Progress:
@@ -75,36 +81,25 @@ def _bar(console: Console) -> Progress:
                     TimeRemainingColumn(), console=console, refresh_per_second=4, transient=False)  # fmt: skip
 
 
-class LogProgress:
+class LogProgress(_LiveOutput):
     """A remote sweep's log as it arrives (`feed(chunk)`); on a TTY also a bar fed by its `[done/total]`
     lines (the remote `ddpsweep run` is not on a TTY, so it prints exactly those)."""
 
     def __init__(self, stream: TextIO | None = None, live: bool | None = None) -> None:
-        self.stream = stream or sys.stdout
-        self.live = self.stream.isatty() if live is None else live
-        self._bar = _bar(Console(file=self.stream, force_terminal=True)) if self.live else None
-        self._task = (
-            self._bar.add_task("waiting for the first measurement…", total=None, errors=0) if self._bar else None
-        )
-        self.errors = 0
-
-    def __enter__(self) -> LogProgress:
-        if self._bar is not None:
-            self._bar.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._bar is not None:
-            self._bar.stop()
+        super().__init__(stream, live, "waiting for the first measurement…", None)
 
     def feed(self, chunk: str) -> None:
         if self._bar is None:
-            print(chunk, end="", file=self.stream, flush=True)
+            if self.open:
+                try:
+                    print(chunk, end="", file=self.stream, flush=True)
+                except (BrokenPipeError, OSError):
+                    self.open = False
             return
         for text in chunk.splitlines():
-            self._bar.console.print(text, markup=False, highlight=False)
             m = LINE_COUNT.match(text)
             if m:
                 self.errors += " ERROR " in text
-                self._bar.update(self._task, completed=int(m[1]), total=int(m[2]), errors=self.errors,
-                                 description="measuring")  # fmt: skip
+                self._line(text, completed=int(m[1]), total=int(m[2]), description="measuring")
+            else:
+                self._line(text)
