@@ -6,7 +6,7 @@
 Rows are built through the real row schema (results.schema.row_table via Store.write_row) from the seed
 post's measurements, spread over clusters and sweeps of 100 rows. Printed, each measured in this run:
 1. `ddpsweep query "select count(*) from cells"` end to end (a subprocess): uncompacted (one file per
-   row) and compacted (one file per sweep);
+   row), compacted (one file per sweep) and packed (one file per cluster, `ddpsweep compact`);
 2. the previous sequential reader (one file after another) on a 5,000-file subset, and the current
    parallel reader on the same subset, as the reference;
 3. the HTTP API (`ddpsweep serve` in a subprocess) over the compacted store: median and p99 latency of
@@ -169,11 +169,20 @@ def main() -> None:
         t_uncompacted, count = cli_query(root)
         print(f"ddpsweep query count(*), {len(files)} files (uncompacted): {t_uncompacted:6.2f} s -> {count}")
         start = time.perf_counter()
-        done = compaction.compact(store)
+        done = [compaction.compact_sweep(store, c, s) for c, sweeps in store.labels().items() for s in sweeps]
         print(f"compaction of {len(done)} sweeps: {time.perf_counter() - start:6.2f} s")
         t_compacted, count2 = cli_query(root)
-        print(f"ddpsweep query count(*), {len(store.files())} files (compacted):  {t_compacted:6.2f} s -> {count2}")
-        assert count == count2, (count, count2)
+        print(
+            f"ddpsweep query count(*), {len(store.files())} files (a file per sweep): {t_compacted:6.2f} s -> {count2}"
+        )
+        start = time.perf_counter()
+        packs = [compaction.compact_cluster(store, c) for c in store.labels()]
+        print(f"packing of {len(packs)} clusters: {time.perf_counter() - start:6.2f} s")
+        t_packed, count3 = cli_query(root)
+        print(
+            f"ddpsweep query count(*), {len(store.files())} files (a pack per cluster): {t_packed:6.2f} s -> {count3}"
+        )
+        assert count == count2 == count3, (count, count2, count3)
         http_section(root, args.rows)
     finally:
         if not args.keep:

@@ -172,3 +172,28 @@ def overlap_figure(rows: pd.DataFrame) -> Figure:
         ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def scaling_figure(table: pd.DataFrame) -> Figure:
+    """tokens/s and scaling efficiency against world size (log2 x), with intervals; a line per series and
+    placement line (one node / W per node, see results.scaling.lines), knees circled in red."""
+    from results import scaling
+
+    fig, (tput, eff) = _subplots(1, 2, figsize=(11, 4.2))
+    for key, series in table.groupby(["cluster", "gas", "no_sync", "bucket_cap_mb"], dropna=False):
+        cluster, gas, no_sync, bucket = key
+        name = f"{cluster} gas={gas}{' no_sync' if no_sync else ''} {bucket:g} MB"
+        for label, line in scaling.lines(series).items():
+            line = line.sort_values("world_size")
+            color = errorbar(tput, line["world_size"], line["tokens_per_s"], line["tokens_per_s_ci_lo"],
+                             line["tokens_per_s_ci_hi"], label=f"{name}: {label}")  # fmt: skip
+            errorbar(eff, line["world_size"], line["efficiency"], line["efficiency_ci_lo"], line["efficiency_ci_hi"],
+                     color=color, label=f"{name}: {label}")  # fmt: skip
+        knees = series[series["knee"]]
+        eff.plot(knees["world_size"], knees["efficiency"], "o", mfc="none", mec="red", ms=14, label="_knee")
+    tput.set(xscale="log", xlabel="world size (ranks, log)", ylabel="tokens/s", title="Throughput by topology")
+    eff.set(xscale="log", xlabel="world size (ranks, log)", ylabel="scaling efficiency",
+            title="Strong-scaling efficiency (red circle: the knee)")  # fmt: skip
+    eff.axhline(1.0, color="grey", lw=0.8)
+    tput.grid(alpha=0.3)
+    return _finish(fig, eff)

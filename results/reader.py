@@ -91,13 +91,47 @@ def read_files(fs: pafs.FileSystem, paths: Iterable[str], columns: Iterable[str]
     per file would cost ~100 KB of schema and column objects for a one-row file (10 GB for 100k files)."""
     paths, schema = list(paths), projection(columns)
     out: dict[str, Span | None] = {}
-    threads = LOCAL_THREADS if isinstance(fs, pafs.LocalFileSystem) else REMOTE_THREADS
-    with ThreadPoolExecutor(max(1, min(threads, len(paths)))) as pool:
+    local = isinstance(fs, pafs.LocalFileSystem)
+    with ThreadPoolExecutor(max(1, min(LOCAL_THREADS if local else REMOTE_THREADS, len(paths)))) as pool:
         for start in range(0, len(paths), BATCH):
             batch = paths[start : start + BATCH]
-            tables = pool.map(lambda p: read_file(fs, p, schema), batch)
-            out.update(_consolidated(dict(zip(batch, tables, strict=True))))
+            spans = scan_local(batch, schema) if local and len(batch) >= SCAN_MIN_FILES else None
+            if spans is None:  # remote, few files, or a batch with a file that needs the careful reader
+                tables = pool.map(lambda p: read_file(fs, p, schema), batch)
+                spans = _consolidated(dict(zip(batch, tables, strict=True)))
+            out.update(spans)
     return out
+
+
+SCAN_MIN_FILES = 16  # below this, a DuckDB connection costs more than it saves
+
+
+def scan_local(paths: list[str], schema: pa.Schema) -> dict[str, Span] | None:
+    """Local files in one parallel DuckDB scan (half the time of a file-by-file read of 1,000 compacted files:
+    no Python per file). None when a file needs `read_file`'s per-file checks and warnings: unreadable,
+    alien (a required column missing or null), holding no rows, or of types that do not convert."""
+    import duckdb  # the SQL layer imports it anyway; only local reads of many files need it here
+
+    columns = ", ".join(f'"{n}"' for n in schema.names)
+    sql = f"SELECT {columns}, filename AS __file FROM read_parquet(?, filename = true)"
+    try:
+        with duckdb.connect(config={"threads": LOCAL_THREADS}) as con:
+            table = con.sql(sql, params=[paths]).to_arrow_table()
+    except duckdb.Error:
+        return None
+    files = table["__file"].combine_chunks()
+    runs = pc.run_end_encode(files)
+    names = runs.values.to_pylist()
+    required = [c for c in REQUIRED if c in schema.names]
+    if len(names) != len(paths) or set(names) != set(paths) or any(table[c].null_count for c in required):
+        return None  # a file with no rows, rows not grouped by file, or an alien file
+    try:
+        table = table.drop_columns(["__file"]).cast(schema).combine_chunks()
+    except (pa.ArrowException, ValueError):
+        return None
+    ends = runs.run_ends.to_pylist()
+    starts = [0, *ends[:-1]]
+    return {name: Span(table, start, end - start) for name, start, end in zip(names, starts, ends, strict=True)}
 
 
 @dataclass(frozen=True)
@@ -169,7 +203,7 @@ def check_rows(table: pa.Table, source: pa.DictionaryArray, skipped: set[str] | 
     filed = pa.array([True] * table.num_rows, pa.bool_())
     for key, column in (("cluster", "cluster"), ("sweep", "sweep_id")):
         expected = pa.array([f.get(key) for f in folders], pa.string()).take(source.indices)
-        agrees = pc.or_(pc.is_null(expected), pc.equal(table[column], expected)).fill_null(False)
+        agrees = pc.or_kleene(pc.is_null(expected), pc.equal(table[column], expected)).fill_null(False)
         filed = pc.and_(filed, agrees)
     keep = pc.and_(possible, filed)
     if pc.all(keep).as_py():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from results import analysis, plots
+from results import analysis, plots, scaling
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
@@ -31,6 +31,8 @@ def figures(rows: pd.DataFrame, algbw_bytes_per_s: float | None = None,
     if calibration is not None and not calibration.empty:
         out["calibration"] = plots.calibration_figure(calibration)
     ddp = rows[(rows["status"] == "ok") & (rows["mode"] == "ddp")]
+    if scaling.topologies(rows) > 1:
+        out["scaling"] = plots.scaling_figure(scaling.scaling(rows, calibration))
     if not ddp.empty:
         out["u_curve"] = plots.u_curve_figure(rows)
         out["efficiency"] = plots.efficiency_figure(rows)
@@ -111,6 +113,20 @@ def calibration_tables(rows: pd.DataFrame, calibration: pd.DataFrame) -> list[st
     return [*parts, title, _table(_with_intervals(pred, shown), columns)]
 
 
+def scaling_tables(rows: pd.DataFrame, calibration: pd.DataFrame | None) -> list[str]:
+    """The scaling section: every (series, topology) with its intervals, busbw and the knee."""
+    table = scaling.scaling(rows, calibration)
+    knees = table[table["knee"]]
+    note = "".join(f"<p><b>Knee</b> at {html.escape(k.topology)} ({html.escape(k.cluster)}, gas {k.gas}, bucket "
+                   f"{k.bucket_cap_mb:g} MB): {html.escape(k.knee_why)}</p>" for k in knees.itertuples())  # fmt: skip
+    shown = _with_intervals(table, ["step_ms", "tokens_per_s", "efficiency", "vs_previous"])
+    return ["<h2>Scaling by topology (nodes x workers per node)</h2>", note or "<p>No knee: per-rank throughput "
+            "never fell by 10% or more (its whole interval) from one topology to the next.</p>",
+            _table(shown, ["cluster", "gas", "no_sync", "bucket_cap_mb", "topology", "world_size", "step_ms",
+                           "tokens_per_s", "efficiency", "vs_previous", "comm_share", "busbw_gbps", "knee",
+                           "n_repeats"])]  # fmt: skip
+
+
 def render_html(rows: pd.DataFrame, title: str, algbw_bytes_per_s: float | None = None,
                 calibration: pd.DataFrame | None = None) -> str:  # fmt: skip
     """The whole report as one HTML string (the sweep's own calibration used where there is one)."""
@@ -144,6 +160,8 @@ def render_html(rows: pd.DataFrame, title: str, algbw_bytes_per_s: float | None 
     parts += ["<h2>All cells</h2>", _table(cells, ["cluster", "sweep_id", "mode", "world_size", "num_nodes",
               "bucket_cap_mb", "gas", "no_sync", "step_ms", "tokens_per_s", "efficiency", "exposed_comm_ms",
               "baseline_source", "n_repeats", "n_steps"])]  # fmt: skip
+    if scaling.topologies(rows) > 1:
+        parts += scaling_tables(rows, calibration)
     if calibration is not None and not calibration.empty:
         parts += calibration_tables(rows, calibration)
     errors = rows[rows["status"] == "error"]

@@ -47,6 +47,8 @@ PLACEMENT = [
     pa.field("tokens_per_step", pa.int64()),  # global: all ranks, all micro-steps
     pa.field("cpus_per_worker", pa.float64()),
     pa.field("placement", pa.string()),  # the Ray placement strategy used
+    pa.field("rank_nodes", pa.list_(pa.string())),  # the Ray node IP of every rank, in rank order
+    pa.field("workers_per_node_observed", pa.int32()),  # the most ranks any node held (= workers_per_node if right)
     pa.field("isolation", pa.string()),  # group | cell
     pa.field("group_id", pa.string()),
     pa.field("round", pa.int32()),  # = repeat; every pending cell of the group once per round
@@ -100,6 +102,7 @@ FINGERPRINT = [
     pa.field("ddpsweep_version", pa.string()),
     pa.field("topology", pa.string()),  # nvidia-smi topo -m, where present
     pa.field("env", pa.string()),  # JSON object of NCCL_*/GLOO_* variables in force
+    pa.field("network", pa.string()),  # JSON list, one object per node: interfaces, speeds, IB ports, GPUs, topo
 ]
 
 SCHEMA = pa.schema(IDENTITY + CONFIGURATION + PLACEMENT + MEASUREMENT + FINGERPRINT)

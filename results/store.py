@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -25,6 +26,7 @@ from results.reader import FileStat
 from results.schema import CALIBRATION, conform_to, row_table
 
 log = logging.getLogger(__name__)
+COMPACTED = "compacted.parquet"  # a sweep's rows in one file (in its folder), or a cluster's pack (in the cluster's)
 LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 LABEL_RULE = "a label of letters, digits, '_', '.', '-' (max 64)"
 
@@ -140,25 +142,28 @@ class Store:
             raise ResultsError(f"sweep {sweep_id}: its _sweep.json holds no list of cells; start a new sweep instead")
         return manifest
 
-    def files(self, cluster: str | None = None, sweep: str | None = None) -> list[str]:
+    def files(self, cluster: str | None = None, sweep: str | None = None, packs: bool = True) -> list[str]:
         """Row files under the root (optionally one cluster / sweep), hidden and temporary files excluded."""
-        return [f.path for f in self.listing(cluster, sweep)]
+        return [f.path for f in self.listing(cluster, sweep, packs)]
 
-    def listing(self, cluster: str | None = None, sweep: str | None = None) -> list[FileStat]:
-        """Row files (compacted ones included) as `cluster=<c>/sweep=<s>/<name>.parquet` with their mtime and
-        size, sorted by path; nothing else under the root is ever read."""
-        base = self.root
-        if cluster is not None:
-            base += f"/cluster={require_label('cluster', cluster)}"
-            if sweep is not None:
-                base += f"/sweep={require_label('sweep', sweep)}"
+    def listing(self, cluster: str | None = None, sweep: str | None = None, packs: bool = True) -> list[FileStat]:
+        """Row files as `cluster=<c>/sweep=<s>/<name>.parquet`, and each cluster's pack
+        `cluster=<c>/compacted.parquet` (rows of many sweeps; with `sweep`, included when `packs`, since it may
+        hold that sweep's rows), with mtime and size, sorted by path; nothing else under the root is read."""
+        base = self.root if cluster is None else f"{self.root}/cluster={require_label('cluster', cluster)}"
+        if sweep is not None:
+            require_label("sweep", sweep)
         keep = []
         for stat in self._walk(base):
-            parts = stat.path[len(self.root) + 1 :].split("/")  # cluster=<c>/sweep=<s>/<name>, nothing else
-            if len(parts) != 3 or not (parts[0].startswith("cluster=") and parts[1].startswith("sweep=")):
+            parts = stat.path[len(self.root) + 1 :].split("/")  # cluster=<c>/sweep=<s>/<name> or cluster=<c>/<pack>
+            if not parts[0].startswith("cluster="):
                 continue
-            name = parts[2]
-            if name.endswith(".parquet") and not name.startswith((".", "_")) and _in_sweep(stat.path, sweep):
+            if len(parts) == 2 and parts[1] == COMPACTED:
+                if packs:
+                    keep.append(stat)
+            elif (
+                len(parts) == 3 and parts[1].startswith("sweep=") and _row_file(parts[2]) and _in_sweep(parts[1], sweep)
+            ):
                 keep.append(stat)
         return sorted(keep, key=lambda f: f.path)
 
@@ -193,16 +198,26 @@ class Store:
                    columns: list[str] | None = None) -> pa.Table:  # fmt: skip
         """All rows as one table in SCHEMA (or only `columns`, plus those the reader checks), read in parallel
         (see results.reader for the guarantees)."""
-        return reader.combine(reader.read_files(self.fs, self.files(cluster, sweep), columns))
+        table = reader.combine(reader.read_files(self.fs, self.files(cluster, sweep), columns))
+        return table if sweep is None else table.filter(pc.equal(table["sweep_id"], sweep))  # a pack holds many
 
     def labels(self) -> dict[str, list[str]]:
-        """{cluster: [sweep ids]} present under the root."""
+        """{cluster: [sweep ids]} present under the root (a pack's sweeps read from its sweep_id column)."""
         found: dict[str, set[str]] = {}
         for path in self.files():
             parts = dict(p.split("=", 1) for p in path[len(self.root) :].split("/") if "=" in p)
-            if "cluster" in parts and "sweep" in parts:
+            if "sweep" in parts:
                 found.setdefault(parts["cluster"], set()).add(parts["sweep"])
-        return {c: sorted(s) for c, s in sorted(found.items())}
+            else:
+                found.setdefault(parts["cluster"], set()).update(self._pack_sweeps(path))
+        return {c: sorted(s) for c, s in sorted(found.items()) if s}
+
+    def _pack_sweeps(self, path: str) -> list[str]:
+        try:
+            return pc.unique(pq.read_table(path, columns=["sweep_id"], filesystem=self.fs)["sweep_id"]).to_pylist()
+        except (pa.ArrowException, OSError, KeyError) as e:
+            log.warning("skipping unreadable results file %s: %s", path, e)
+            return []
 
 
 S3_OPTIONS = ("endpoint_override", "region", "scheme", "allow_bucket_creation")
@@ -229,7 +244,11 @@ def _first_line(e: Exception) -> str:
 
 
 def _in_sweep(path: str, sweep: str | None) -> bool:
-    return sweep is None or f"/sweep={sweep}/" in path
+    return sweep is None or f"/sweep={sweep}/" in f"/{path}/"
+
+
+def _row_file(name: str) -> bool:
+    return name.endswith(".parquet") and not name.startswith((".", "_"))
 
 
 def load(root: str, cluster: str | None = None, sweep: str | None = None) -> pd.DataFrame:

@@ -7,6 +7,9 @@ replacement), then the steps within each chosen repeat, and takes the median of 
 between-run variance is in the interval. With few repeats a bootstrap is too narrow (it sees only R
 distinct runs); the replicates' spread around their centre is widened by the small-sample factor
 t(0.975, R-1) / z(0.975) (1.0 from about 30 repeats on), the way a t interval would widen a normal one.
+The widening is multiplicative (on the log of the step time): step times are positive and their noise
+scales with them, and an additive widening of 3 noisy repeats (x 2.2) could push a replicate to zero or
+below, which made an efficiency's interval start at 0.1%.
 
 Derived figures (a ratio, a difference, an efficiency) are computed on every replicate of their inputs
 — independent cells are resampled independently — and their interval is the 2.5/97.5 percentiles.
@@ -57,6 +60,8 @@ def bootstrap_median(repeats: list[np.ndarray], rng: np.random.Generator, n_boot
     values[np.arange(t_max)[None, None, :] >= lens[pick][..., None]] = np.nan  # beyond a repeat's length
     reps = np.nanmedian(values.reshape(n_boot, -1), axis=1)
     centre = float(np.median(np.concatenate(repeats)))
+    if centre > 0 and (reps > 0).all():  # step times: widen on the log scale, so a replicate never reaches 0
+        return centre * np.exp(np.log(reps / centre) * t_factor(r))
     return centre + (reps - centre) * t_factor(r)
 
 

@@ -158,7 +158,8 @@ def compact(
     cluster: Annotated[str | None, typer.Option(help="only this cluster")] = None,
     sweep: Annotated[str | None, typer.Option(help="only this sweep id")] = None,
 ) -> None:
-    """Merge each sweep's one-file-per-row folder into one Parquet file (done after every sweep too)."""
+    """Merge each sweep's one-file-per-row folder into one Parquet file (done after every sweep too), then each
+    cluster's compacted sweeps into one pack (not with --sweep)."""
     from results.compaction import compact as run_compact
     from results.store import Store, require_label
 
@@ -169,11 +170,11 @@ def compact(
         done = run_compact(Store.open(results), cluster, sweep)
     except DDPSweepError as e:
         raise fail(str(e)) from None
-    for c in done:
-        what = f"{c.files_read} file(s) -> 1, {c.rows} rows" if c.files_removed or c.files_read else "already compact"
-        typer.echo(f"cluster={c.cluster} sweep={c.sweep_id}: {what}, {c.files_removed} row file(s) removed")
-    if not done:
-        typer.echo("nothing to compact")
+    for c in (c for c in done if c.files_read):
+        where = f"cluster={c.cluster}" + (" pack" if c.sweep_id == "*" else f" sweep={c.sweep_id}")
+        typer.echo(f"{where}: {c.files_read} file(s) -> 1, {c.rows} rows, {c.files_removed} file(s) removed")
+    idle = sum(not c.files_read for c in done)
+    typer.echo(f"{len(done) - idle} compacted, {idle} already compact" if done else "nothing to compact")
 
 
 @app.command()
@@ -182,6 +183,9 @@ def compare(
     results: ResultsOpt = DEFAULT_RESULTS,
     sweep: Annotated[list[str] | None, typer.Option("--sweep", help="restrict to these sweep ids")] = None,
     fmt: Annotated[str, typer.Option("--format", help="table | csv | json")] = "table",
+    scaling_figure: Annotated[
+        str | None, typer.Option(help="also write both clusters' scaling curves on one figure (PNG)")
+    ] = None,
 ) -> None:
     """Two clusters side by side: matched grid positions, ratio, comparability and significance flags."""
     import pandas as pd
@@ -198,8 +202,56 @@ def compare(
         if sweep:
             both = both[both["sweep_id"].isin(sweep)]
         typer.echo(render(compare_clusters(both, cluster[0], cluster[1]), fmt))
+        if scaling_figure:
+            _write_scaling_figure(both, scaling_figure)
     except DDPSweepError as e:
         raise fail(str(e)) from None
+
+
+def _write_scaling_figure(rows, path: str) -> None:
+    from results import plots
+    from results.scaling import scaling
+
+    table = scaling(rows)
+    if table.empty:
+        raise ConfigError("--scaling-figure", path, "clusters with DDP rows at more than one topology")
+    try:
+        plots.scaling_figure(table).savefig(path, format="png", dpi=110)
+    except OSError as e:
+        raise ConfigError("--scaling-figure", path, f"a writable .png path ({e.strerror or e})") from None
+    typer.echo(f"scaling curves: {path}", err=True)
+
+
+@app.command()
+def scaling(
+    results: ResultsOpt = DEFAULT_RESULTS,
+    cluster: Annotated[list[str] | None, typer.Option("--cluster", help="clusters to include (default all)")] = None,
+    sweep: Annotated[str | None, typer.Option("--sweep", help="one sweep id")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table | csv | json")] = "table",
+) -> None:
+    """Throughput and strong-scaling efficiency by topology (nodes x workers per node), with intervals,
+    the busbw each topology reached where the sweep calibrated, and the knee."""
+    import pandas as pd
+
+    from results.query import render
+    from results.scaling import scaling as scaling_table
+    from results.store import load, load_calibration
+
+    try:
+        rows = pd.concat([load(results, cluster=c, sweep=sweep) for c in (cluster or [None])], ignore_index=True)
+        calibration = pd.concat([load_calibration(results, c, sweep) for c in (cluster or [None])])
+        table = scaling_table(rows, calibration)
+    except DDPSweepError as e:
+        raise fail(str(e)) from None
+    if table.empty:
+        raise fail("no ok DDP rows to scale: run a sweep with a topology axis (e.g. topology: [1x1, 1x2, 2x1])")
+    shown = ["cluster", "gas", "no_sync", "bucket_cap_mb", "topology", "step_ms", "tokens_per_s",
+             "tokens_per_s_ci_lo", "tokens_per_s_ci_hi", "efficiency", "efficiency_ci_lo", "efficiency_ci_hi",
+             "vs_previous", "vs_previous_ci_lo", "vs_previous_ci_hi", "comm_share", "busbw_gbps", "knee"]  # fmt: skip
+    typer.echo(render(table[shown], fmt))
+    for k in table[table["knee"]].itertuples():
+        typer.echo(f"knee: {k.cluster} gas={k.gas} bucket={k.bucket_cap_mb:g} MB at {k.topology}: {k.knee_why}",
+                   err=fmt != "table")  # fmt: skip
 
 
 @app.command()

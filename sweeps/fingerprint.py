@@ -50,6 +50,55 @@ def _nccl_version() -> str:
     return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
+SOCKET_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _interfaces(node_ip: str) -> list[dict]:
+    """Up, non-loopback interfaces: name, link speed (Mb/s, from /sys/class/net/*/speed where the driver
+    reports it; null for virtual links), MTU, IPv4 addresses, and whether it holds the Ray node's address
+    (the one gloo and NCCL reach the other nodes through unless *_SOCKET_IFNAME says otherwise)."""
+    import psutil
+
+    out = []
+    stats, addrs = psutil.net_if_stats(), psutil.net_if_addrs()
+    for name, st in sorted(stats.items()):
+        if not st.isup or name == "lo":
+            continue
+        ips = [a.address for a in addrs.get(name, []) if a.family.name == "AF_INET"]
+        speed = _read(f"/sys/class/net/{name}/speed")
+        out.append({"name": name, "speed_mbps": int(speed) if speed.lstrip("-").isdigit() and int(speed) > 0 else None,
+                    "mtu": st.mtu, "ipv4": ips, "node_ip": node_ip in ips})  # fmt: skip
+    return out
+
+
+def _infiniband() -> list[dict]:
+    """InfiniBand / RoCE devices (/sys/class/infiniband): each port's state, rate and link layer."""
+    root, out = "/sys/class/infiniband", []
+    for dev in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        for port in sorted(os.listdir(f"{root}/{dev}/ports")) if os.path.isdir(f"{root}/{dev}/ports") else []:
+            base = f"{root}/{dev}/ports/{port}"
+            out.append({"device": dev, "port": port, "state": _read(f"{base}/state"), "rate": _read(f"{base}/rate"),
+                        "link_layer": _read(f"{base}/link_layer")})  # fmt: skip
+    return out
+
+
+def network(node_ip: str) -> dict:
+    """This node's network fingerprint: interfaces and their speeds, IB/RoCE ports, the socket / IB
+    variables in force, GPUs and the `nvidia-smi topo -m` matrix where present."""
+    env = {k: v for k, v in sorted(os.environ.items()) if k in SOCKET_ENV or k.startswith("NCCL_IB_")}
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return {"node_ip": node_ip, "interfaces": _interfaces(node_ip), "infiniband": _infiniband(), "env": env,
+            "gpus": gpus, "gpu_topology": _run(["nvidia-smi", "topo", "-m"]) if gpus else ""}  # fmt: skip
+
+
 def collect(device: torch.device) -> dict:
     """Fingerprint columns of the row schema (except `hosts`, gathered from every rank)."""
     cuda = device.type == "cuda"

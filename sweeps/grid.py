@@ -57,6 +57,11 @@ class Cell:
         return self.world_size // self.num_nodes
 
     @property
+    def topology(self) -> str:
+        """`<nodes>x<workers per node>`, as specs name it."""
+        return f"{self.num_nodes}x{self.workers_per_node}"
+
+    @property
     def group_key(self) -> tuple:
         """What shapes a worker group: cells with the same key can share one (and its template model).
         Baselines always form their own group, also beside DDP cells at world size 1."""
@@ -94,12 +99,11 @@ def _cell(spec: SweepSpec, *, mode: str, gas: int, world_size: int = 1, num_node
 def expand(spec: SweepSpec) -> list[Cell]:
     """Baselines first (one per gas), then the DDP grid; duplicates (e.g. no_sync at gas 1) dropped."""
     cells = [_cell(spec, mode="single", gas=g) for g in sorted(spec.gas)]
-    axes = product(spec.workers, spec.nodes, spec.modes, spec.gas, spec.no_sync, spec.gradient_as_bucket_view,
+    axes = product(spec.placements(), spec.modes, spec.gas, spec.no_sync, spec.gradient_as_bucket_view,
                    spec.bucket_cap_mb)  # fmt: skip
-    for w, n, mode, g, ns, gv, b in axes:
-        if w % n == 0 and w >= n:
-            cells.append(_cell(spec, mode=mode, world_size=w, num_nodes=n, gas=g, no_sync=ns,
-                               gradient_as_bucket_view=gv, bucket_cap_mb=float(b)))  # fmt: skip
+    for (w, n), mode, g, ns, gv, b in axes:
+        cells.append(_cell(spec, mode=mode, world_size=w, num_nodes=n, gas=g, no_sync=ns,
+                           gradient_as_bucket_view=gv, bucket_cap_mb=float(b)))  # fmt: skip
     seen: dict[str, Cell] = {}
     for c in cells:
         seen.setdefault(c.cell_id, c)
@@ -199,11 +203,11 @@ def calibration_groups(cells: list[Cell], *, sweep_id: str) -> list[Group]:
 
 def cells_table(cells: list[Cell], repeats: int = 1, isolation: str = "group") -> str:
     """The grid as a plain-text table (for --dry-run)."""
-    head = ["cell_id", "mode", "workers", "nodes", "bucket_mb", "gas", "no_sync", "grad_view", "model", "batch"]
+    head = ["cell_id", "mode", "topology", "workers", "bucket_mb", "gas", "no_sync", "grad_view", "model", "batch"]
     rows = [head]
     for c in cells:
         s = c.step
-        rows.append([c.cell_id, s.mode, str(c.world_size), str(c.num_nodes),
+        rows.append([c.cell_id, s.mode, c.topology, str(c.world_size),
                      "-" if s.bucket_cap_mb is None else f"{s.bucket_cap_mb:g}", str(s.gas),
                      str(s.no_sync).lower(), "-" if s.gradient_as_bucket_view is None else
                      str(s.gradient_as_bucket_view).lower(), s.model, f"{s.micro_batch}x{s.seq_len}"])  # fmt: skip

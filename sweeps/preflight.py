@@ -62,16 +62,18 @@ def cell_problem(cell: Cell, res: ClusterResources, cpus: float, use_gpu: bool) 
     return None
 
 
-def check(cells: list[Cell], res: ClusterResources, cpus_per_worker: float, use_gpu: bool) -> None:
-    """Raise SpecError (field `workers`) listing every cell that can never be scheduled."""
+def check(cells: list[Cell], res: ClusterResources, cpus_per_worker: float, use_gpu: bool,
+          field: str = "workers") -> None:  # fmt: skip
+    """Raise SpecError (on `field`: workers, or topology) listing every cell that can never be scheduled,
+    with the nodes and per-node resources found."""
     bad = []
     for cell in cells:
         problem = cell_problem(cell, res, cpus_per_worker, use_gpu)
         if problem:
-            bad.append(f"  cell {cell.cell_id} ({cell.step.mode}, {cell.world_size} workers): {problem}")
+            bad.append(f"  cell {cell.cell_id} ({cell.step.mode}, topology {cell.topology}): {problem}")
     if bad:
-        raise SpecError(
-            "workers",
-            sorted({c.world_size for c in cells}),
-            f"grids that fit the cluster ({res.describe()}); unschedulable:\n" + "\n".join(bad),
-        )
+        topo = field == "topology"
+        asked = sorted({c.topology for c in cells}) if topo else sorted({c.world_size for c in cells})
+        fits = "topologies" if topo else "worker counts"
+        found = f"{fits} that fit the cluster ({res.describe()}); unschedulable:\n"
+        raise SpecError(field, asked, found + "\n".join(bad))

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
 from results.schema import COLUMNS
-from sweeps.grid import Slot
+from sweeps.grid import Cell, Slot
 
 MAX_ERROR_CHARS = 4000
 
@@ -38,11 +38,24 @@ def _clip(message: str) -> str:
     return message[: MAX_ERROR_CHARS // 2] + "\n…\n" + message[-MAX_ERROR_CHARS // 2 :]
 
 
+def misplaced(cell: Cell, nodes: int | None, ranks_per_node: list[int] | None) -> str | None:
+    """Why the observed placement is not the cell's topology (a measurement taken on the wrong number of
+    nodes, or with ranks packed unevenly, must never be filed as the cell it is not), or None."""
+    if nodes is None:
+        return None  # the group reported no placement (an error row already)
+    per_node = ranks_per_node or []
+    if nodes != cell.num_nodes or any(n != cell.workers_per_node for n in per_node):
+        seen = "+".join(map(str, per_node)) or "?"
+        return (f"placement put the ranks {seen} on {nodes} node(s); the cell asks for topology {cell.topology} "
+                f"({cell.workers_per_node} on each of {cell.num_nodes})")  # fmt: skip
+    return None
+
+
 def build_row(slot: Slot, ctx: RowContext, *, started: datetime, wall_s: float, done: dict | None = None,
               error: str | None = None) -> dict:  # fmt: skip
     """A row for one (cell, repeat): its configuration and placement, then the worker's `done` message
-    (measurement, fingerprint, the ranks' hosts) or the error. A measurement taken on the wrong number
-    of nodes is kept but becomes an error row: it must never be filed as the cell it is not."""
+    (measurement, fingerprint, the ranks' placement) or the error. A measurement whose placement differs
+    from the cell's topology is kept but becomes an error row (see misplaced)."""
     cell = slot.cell
     row = asdict(cell.step) | {
         "sweep_id": ctx.sweep_id, "cell_id": cell.cell_id, "repeat": slot.repeat, "cluster": ctx.cluster,
@@ -54,11 +67,11 @@ def build_row(slot: Slot, ctx: RowContext, *, started: datetime, wall_s: float, 
         "group_started_at": ctx.group_started_at, "group_setup_s": ctx.group_setup_s,
     }  # fmt: skip
     if done is not None:
-        row |= done.get("fingerprint", {}) | {"hosts": done.get("hosts")}
+        row |= done.get("fingerprint", {}) | {k: done.get(k) for k in ("hosts", "rank_nodes", "network")}
         row |= (done.get("measurement") or {}) | (done.get("control") or {})
-        error = error or done.get("error")
-        if not error and done.get("nodes") != cell.num_nodes:
-            error = f"placement gave {done.get('nodes')} node(s); the cell asks for {cell.num_nodes}"
+        per_node = done.get("ranks_per_node")
+        row["workers_per_node_observed"] = max(per_node) if per_node else None
+        error = error or done.get("error") or misplaced(cell, done.get("nodes"), per_node)
     row = {k: v for k, v in row.items() if k in COLUMNS}
     row.update(status="error" if error else "ok", error=_clip(error or ""))
     return row

@@ -10,6 +10,7 @@ import logging
 import os
 import secrets
 import shutil
+import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -75,7 +76,10 @@ def plan_sweep(spec: SweepSpec, *, results: str | None = None, cluster: str | No
     if resume is None:
         if sweep_id is not None:
             require_label("--sweep-id", sweep_id)
-        if sweep_id is not None and (store.read_manifest(cluster, sweep_id) or store.files(cluster, sweep_id)):
+        exists = sweep_id is not None and (
+            store.read_manifest(cluster, sweep_id) or sweep_id in store.labels().get(cluster, [])
+        )
+        if exists:
             raise SpecError("--sweep-id", sweep_id, f"a new id: that sweep exists under cluster={cluster} "
                             f"(continue it with --resume {sweep_id}; its rows are never overwritten)")  # fmt: skip
         return SweepPlan(spec, sweep_id or new_sweep_id(spec.name), cluster, store, cells, pairs)
@@ -185,14 +189,16 @@ def check_local(plan: SweepPlan) -> None:
 
     res = preflight.ClusterResources.local(gpus=torch.cuda.device_count())
     opts = resolve_options(plan, res, "")
-    preflight.check(plan.cells, res, opts.cpus_per_worker, opts.use_gpu)
+    preflight.check(plan.cells, res, opts.cpus_per_worker, opts.use_gpu, field=_grid_field(plan.spec))
 
 
 def _storage_path(plan: SweepPlan) -> str:
     """Tune/Train bookkeeping: beside the results on shared storage, else a local temp folder."""
     if plan.store.is_local:
         return machine.storage_dir(plan.sweep_id)
-    return f"{plan.store.uri.rstrip('/')}/_ray/{plan.sweep_id}-{secrets.token_hex(3)}"
+    uri = urllib.parse.urlsplit(plan.store.uri)  # s3://bucket/prefix?endpoint_override=…: the path goes before `?`
+    path = f"{uri.path.rstrip('/')}/_ray/{plan.sweep_id}-{secrets.token_hex(3)}"
+    return urllib.parse.urlunsplit(uri._replace(path=path))
 
 
 def execute(plan: SweepPlan, *, address: str | None = None, verbose: bool = False,
@@ -222,7 +228,7 @@ def _execute(plan: SweepPlan, address: str | None, verbose: bool, progress: Prog
         with ray_session(address, verbose):
             res = preflight.ClusterResources.from_ray()
             opts = resolve_options(plan, res, storage)
-            preflight.check(plan.cells, res, opts.cpus_per_worker, opts.use_gpu)
+            preflight.check(plan.cells, res, opts.cpus_per_worker, opts.use_gpu, field=_grid_field(plan.spec))
             plan.store.write_manifest(plan.cluster, plan.sweep_id, _manifest(plan, opts))
             if plan.groups():
                 writer = RowWriter(plan.store, opts, progress)
@@ -233,6 +239,11 @@ def _execute(plan: SweepPlan, address: str | None, verbose: bool, progress: Prog
         if plan.store.is_local:
             shutil.rmtree(storage, ignore_errors=True)  # Tune/Train bookkeeping only; the rows are in the store
     return outcome
+
+
+def _grid_field(spec: SweepSpec) -> str:
+    """The spec field an unplaceable cell is reported under."""
+    return "topology" if spec.topology else "workers"
 
 
 def _compact(plan: SweepPlan) -> None:

@@ -57,10 +57,13 @@ class SweepSpec:
     """`timed_steps: auto`: at most this many timed steps per measurement."""
     max_cell_s: float = 60.0
     """`timed_steps: auto`: stop adding steps once the timed steps have taken this long (s)."""
+    topology: list[str] | None = None
+    """Grid: placements as `<nodes>x<workers per node>`, e.g. [1x1, 1x8, 2x8, 4x8]. When given it is the
+    placement axis and `workers` / `nodes` are not used (a spec file giving both is refused)."""
     workers: list[int] = field(default_factory=lambda: [2])
-    """Grid: total DDP ranks (world size)."""
+    """Grid (without `topology`): total DDP ranks (world size), crossed with `nodes`."""
     nodes: list[int] = field(default_factory=lambda: [1])
-    """Grid: nodes the ranks are spread over (workers must divide evenly)."""
+    """Grid (without `topology`): nodes the ranks are spread over (only counts dividing `workers` evenly)."""
     bucket_cap_mb: list[float] = field(default_factory=lambda: [25.0])
     """Grid: DDP bucket capacity in MB."""
     gas: list[int] = field(default_factory=lambda: [1])
@@ -103,6 +106,24 @@ class SweepSpec:
 
     def __post_init__(self) -> None:
         _validate(self)
+
+    def placements(self) -> list[tuple[int, int]]:
+        """The grid's (world size, nodes) pairs, in the spec's order: its topologies, else workers x nodes
+        where the nodes divide the workers evenly."""
+        if self.topology:
+            return [(n * w, n) for n, w in map(parse_topology, self.topology)]
+        return [(w, n) for w in self.workers for n in self.nodes if w % n == 0 and w >= n]
+
+
+TOPOLOGY_RE = re.compile(r"^([0-9]{1,4})x([0-9]{1,5})$")
+
+
+def parse_topology(text: str) -> tuple[int, int]:
+    """`"2x8"` -> (2 nodes, 8 workers per node)."""
+    m = TOPOLOGY_RE.match(text)
+    if not m:
+        raise ValueError(text)
+    return int(m[1]), int(m[2])
 
 
 def _fail(path: str, value: Any, allowed: str) -> SpecError:
@@ -184,9 +205,9 @@ def _check_range(name: str, values: list) -> None:
 
 def _check_grid_size(spec: SweepSpec) -> None:
     """Bound the grid from its axis lengths, before anything is expanded."""
-    axes = [spec.workers, spec.nodes, spec.bucket_cap_mb, spec.gas, spec.no_sync, spec.gradient_as_bucket_view,
-            spec.modes]  # fmt: skip
-    upper = math.prod(len(a) for a in axes) * spec.repeats
+    axes = [spec.bucket_cap_mb, spec.gas, spec.no_sync, spec.gradient_as_bucket_view, spec.modes]
+    places = len(spec.workers) * len(spec.nodes) if spec.topology is None else len(spec.topology)
+    upper = places * math.prod(len(a) for a in axes) * spec.repeats
     if upper > MAX_MEASUREMENTS:
         raise _fail("repeats" if spec.repeats > 1 else "bucket_cap_mb", f"{upper} measurements",
                     f"at most {MAX_MEASUREMENTS} measurements (cells x repeats) per sweep: fewer axis values or "
@@ -209,6 +230,8 @@ def _validate(spec: SweepSpec) -> None:
         _check_list(name, getattr(spec, name), kind)
         if name in RANGES:
             _check_range(name, getattr(spec, name))
+    if spec.topology is not None:
+        _validate_topology(spec.topology)
     _check_grid_size(spec)
     _check_choice("model", spec.model, tuple(PRESETS))
     _check_choice("backend", spec.backend, BACKENDS)
@@ -221,7 +244,8 @@ def _validate(spec: SweepSpec) -> None:
     if spec.seq_len > PRESETS[spec.model].block_size:
         raise _fail("seq_len", spec.seq_len, f"1..{PRESETS[spec.model].block_size} (block size of {spec.model})")
     _validate_env(spec.env)
-    _validate_nodes(spec)
+    if spec.topology is None:
+        _validate_nodes(spec)
     if spec.backend == "nccl" and spec.use_gpu is False:
         raise _fail("backend", "nccl", "gloo or auto when use_gpu is false (NCCL needs GPUs)")
 
@@ -234,6 +258,19 @@ def _validate_env(env: Any) -> None:
             raise _fail(f"env.{k}", k, f"a variable name of A-Z, 0-9, '_' starting with {', '.join(ENV_PREFIXES)}")
         if not isinstance(v, (str, int, float)) or isinstance(v, bool) or "\0" in str(v) or len(str(v)) > 4096:
             raise _fail(f"env.{k}", v, "a string or number (no NUL byte, at most 4096 characters)")
+
+
+def _validate_topology(topology: Any) -> None:
+    _check_list("topology", topology, "str")
+    for i, text in enumerate(topology):
+        path, allowed = f"topology[{i}]", "<nodes>x<workers per node>, e.g. 1x8 or 2x8"
+        try:
+            nodes, per_node = parse_topology(text)
+        except ValueError:
+            raise _fail(path, text, allowed) from None
+        if not (1 <= nodes <= RANGES["nodes"][1] and per_node >= 1 and nodes * per_node <= RANGES["workers"][1]):
+            raise _fail(path, text, f"{allowed}, with 1..{RANGES['nodes'][1]} nodes and at most "
+                                    f"{RANGES['workers'][1]} workers in all")  # fmt: skip
 
 
 def _validate_nodes(spec: SweepSpec) -> None:
@@ -256,6 +293,10 @@ def spec_from_dict(data: Any, source: str = "spec") -> SweepSpec:
             raise SpecError(str(key), data[key], f"a known field: {', '.join(sorted(known))}")
     if "name" not in data:
         raise SpecError("name", None, "a label naming the sweep (required)")
+    both = [k for k in ("workers", "nodes") if k in data]
+    if "topology" in data and both:
+        raise SpecError("topology", data["topology"], f"either topology or {' / '.join(both)}, not both: "
+                        "topology names nodes x workers per node (e.g. [1x8, 2x8])")  # fmt: skip
     data = dict(data)
     if "env" in data and isinstance(data["env"], dict):
         data["env"] = {k: str(v) if _is_num(v) else v for k, v in data["env"].items()}

@@ -42,17 +42,18 @@ def _curve_line(grp: pd.DataFrame, best: pd.Series, same: list[float]) -> str:
 
 
 def summary_text(rows: pd.DataFrame) -> str:
-    """Per (workers, gas, no_sync): step_ms by bucket with intervals, the best bucket and the ones
+    """Per (workers, nodes, gas, no_sync): step_ms by bucket with intervals, the best bucket and the ones
     indistinguishable from it, efficiency vs the baseline; then the cells whose interval is wide."""
     table = analysis.with_baseline(rows)
     if table.empty:
         return "no distributed cell measured ok"
     lines = ["step times: median ms [95% interval over repeats and steps]"]
-    for (w, g, ns, mode), grp in table.groupby(["world_size", "gas", "no_sync", "mode"]):
+    for (w, n, g, ns, mode), grp in table.groupby(["world_size", "num_nodes", "gas", "no_sync", "mode"]):
         grp = grp.sort_values("bucket_cap_mb")
         best = grp.loc[grp["step_ms"].idxmin()]
         same = analysis.indistinguishable(grp, best) if pd.notna(best["bucket_cap_mb"]) else []
-        lines.append(f"{mode} workers={w} gas={g} no_sync={str(bool(ns)).lower()}: " + _curve_line(grp, best, same))
+        where = f"workers={w}" + (f" topology={n}x{w // n}" if n > 1 or table["num_nodes"].nunique() > 1 else "")
+        lines.append(f"{mode} {where} gas={g} no_sync={str(bool(ns)).lower()}: " + _curve_line(grp, best, same))
     return "\n".join(lines + _flag_lines(rows) + _noise_lines(rows))
 
 
@@ -83,5 +84,6 @@ def _noise_lines(rows: pd.DataFrame) -> list[str]:
         out.append("note: cells with one repeat have intervals from their steps only (no between-run noise)")
     if wide.empty:
         return out
-    names = ", ".join(f"{r.mode} w={r.world_size} bucket={r.bucket_cap_mb} gas={r.gas}" for r in wide.itertuples())
+    names = ", ".join(f"{r.mode} {r.num_nodes}x{r.world_size // r.num_nodes} bucket={r.bucket_cap_mb} gas={r.gas}"
+                      for r in wide.itertuples())  # fmt: skip
     return [*out, f"noisy: {len(wide)} cell(s) with an interval wider than ±{WIDE_REL / 2:.0%}: {names}"]

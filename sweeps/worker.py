@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import socket
 import time
@@ -29,12 +30,28 @@ from trainers.stats import median_rel_half_width
 from trainers.step import build_model, release, run_cell
 
 
-def _placement() -> list[list[str]]:
-    """[(hostname, node_id)] of every rank, in rank order."""
-    mine = [socket.gethostname(), ray.get_runtime_context().get_node_id()]
+def _placement() -> list[dict]:
+    """Every rank's place, in rank order: hostname, Ray node id and IP, and that node's network
+    fingerprint (each rank reads its own node's: a few files under /sys)."""
+    ip = ray.util.get_node_ip_address()
+    mine = {"host": socket.gethostname(), "node": ray.get_runtime_context().get_node_id(), "ip": ip,
+            "network": fingerprint.network(ip)}  # fmt: skip
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     return every
+
+
+def placement_info(placement: list[dict]) -> dict:
+    """What rank 0 reports of the placement: hosts, node count, ranks per node, every rank's node IP,
+    and one network fingerprint per node."""
+    per_node: dict[str, int] = {}
+    networks: dict[str, dict] = {}
+    for p in placement:
+        per_node[p["node"]] = per_node.get(p["node"], 0) + 1
+        networks.setdefault(p["node"], p["network"])
+    return {"hosts": sorted({p["host"] for p in placement}), "nodes": len(per_node),
+            "ranks_per_node": sorted(per_node.values(), reverse=True), "rank_nodes": [p["ip"] for p in placement],
+            "network": json.dumps(list(networks.values()))}  # fmt: skip
 
 
 # Fault-injection hook for tests of the error paths: a file whose lines are "<cell_id> raise|hang".
@@ -122,8 +139,7 @@ def train_fn_per_worker(config: dict) -> None:
     device = ray.train.torch.get_device()
     rank0 = ray.train.get_context().get_world_rank() == 0
     placement = _placement()
-    hosts = {"hosts": sorted({h for h, _ in placement}), "nodes": len({n for _, n in placement})}
-    info = {"fingerprint": fingerprint.collect(device)} | hosts if rank0 else {}
+    info = {"fingerprint": fingerprint.collect(device)} | placement_info(placement) if rank0 else {}
     template = build_model(group.first.step, device)  # built once; every cell starts from a copy of it
     _warm_up_group(group, device, threads, template)
     if group.calibrate:

@@ -140,7 +140,7 @@ def test_the_sweep_page_draws_the_stored_medians(browser, server, store_dir):
     cells = analysis.with_baseline(stored)
     expected = sorted(cells[cells["mode"] == "ddp"]["step_ms"])
     drawn = sorted(float(p.get_attribute("data-y")) for p in points)
-    assert drawn == pytest.approx(expected, rel=1e-5)  # drawn to 6 significant digits (rounding to 3 decimals twice flaked)
+    assert drawn == pytest.approx(expected, rel=1e-5)  # drawn to 6 significant digits
     tip = points[0].find_element(By.TAG_NAME, "title").get_attribute("textContent")
     assert "bucket_cap_mb" in tip and "[" in tip  # hover shows the value and its interval
     assert browser.find_elements(By.CSS_SELECTOR, "#best tr") and browser.find_elements(By.CSS_SELECTOR, "#efficiency")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import ray
 from ray.cluster_utils import Cluster
@@ -42,6 +44,8 @@ def test_two_workers_spread_over_two_nodes(two_nodes, tmp_path):
     ddp = next(r for r in outcome.rows if r["mode"] == "ddp")
     assert ddp["status"] == "ok", ddp["error"]
     assert (ddp["num_nodes"], ddp["workers_per_node"], ddp["placement"]) == (2, 1, "STRICT_SPREAD")
+    assert ddp["workers_per_node_observed"] == 1 and len(ddp["rank_nodes"]) == 2
+    assert len(json.loads(ddp["network"])) == 2  # one fingerprint per node
     assert ddp["replicas_in_sync"]
 
 

@@ -41,12 +41,59 @@ def two_sweeps(tmp_path) -> Store:
 def test_compaction_preserves_every_row_per_sweep(two_sweeps):
     before = {s: rows_of(two_sweeps, s) for s in ("s1", "s2")}
     n_files = len(two_sweeps.files())
-    done = compaction.compact(two_sweeps)
+    done = [compaction.compact_sweep(two_sweeps, "pcie-8x", s) for s in ("s1", "s2")]
     assert sorted((c.sweep_id, c.rows, c.files_removed) for c in done) == [
         ("s1", len(before["s1"]), n_files // 2), ("s2", len(before["s2"]), n_files // 2)]  # fmt: skip
     assert [Path(p).name for p in two_sweeps.files()] == [COMPACTED, COMPACTED]
     assert {s: rows_of(two_sweeps, s) for s in ("s1", "s2")} == before
-    assert [c.files_removed for c in compaction.compact(two_sweeps)] == [0, 0]  # idempotent
+
+
+def test_a_cluster_pack_holds_every_sweep_once(two_sweeps):
+    before = {s: rows_of(two_sweeps, s) for s in ("s1", "s2")}
+    done = compaction.compact(two_sweeps)  # both sweeps, then the cluster's pack
+    pack = done[-1]
+    assert (pack.sweep_id, pack.rows, pack.files_read, pack.files_removed) == ("*", 16, 2, 2)
+    assert two_sweeps.files() == [f"{two_sweeps.root}/cluster=pcie-8x/{COMPACTED}"]
+    assert {s: rows_of(two_sweeps, s) for s in ("s1", "s2")} == before  # a sweep read out of the pack
+    assert two_sweeps.labels() == {"pcie-8x": ["s1", "s2"]}
+    assert [c.files_removed for c in compaction.compact(two_sweeps)] == [0, 0, 0]  # idempotent
+    for r in seed_rows(sweep="s3"):
+        two_sweeps.write_row(r)
+    s3 = rows_of(two_sweeps, "s3")
+    compaction.compact(two_sweeps)  # a later sweep joins the pack
+    assert len(two_sweeps.files()) == 1 and rows_of(two_sweeps, "s3") == s3 and len(s3) == 8
+    assert {s: rows_of(two_sweeps, s) for s in ("s1", "s2")} == before and len(rows_of(two_sweeps)) == 24
+
+
+def test_a_pack_killed_before_its_deletions_duplicates_nothing(two_sweeps, monkeypatch):
+    before = rows_of(two_sweeps)
+    for s in ("s1", "s2"):
+        compaction.compact_sweep(two_sweeps, "pcie-8x", s)
+    monkeypatch.setattr(compaction, "_remove_if_unchanged", lambda fs, stat: False)  # killed after the write
+    compaction.compact_cluster(two_sweeps, "pcie-8x")
+    assert len(two_sweeps.files()) == 3 and rows_of(two_sweeps) == before  # pack + both sweep files, rows once
+    monkeypatch.undo()
+    compaction.compact_cluster(two_sweeps, "pcie-8x")
+    assert len(two_sweeps.files()) == 1 and rows_of(two_sweeps) == before
+
+
+def test_the_bulk_scan_reads_what_the_file_by_file_reader_reads(two_sweeps, monkeypatch, caplog):
+    paths = two_sweeps.files()
+    assert len(paths) >= reader.SCAN_MIN_FILES
+    scanned = reader.combine(reader.read_files(two_sweeps.fs, paths))
+    assert reader.scan_local(paths, reader.SCHEMA) is not None  # these files take the bulk path
+    monkeypatch.setattr(reader, "SCAN_MIN_FILES", 10**9)
+    assert reader.combine(reader.read_files(two_sweeps.fs, paths)).equals(scanned)
+    monkeypatch.undo()
+    alien = Path(paths[0]).parent / "alien-r0.parquet"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"sweep_id": ["s1"], "x": [1.0]}), alien)  # a Parquet file, not a row file
+    assert reader.scan_local([*paths, str(alien)], reader.SCHEMA) is None  # the careful reader takes over
+    with caplog.at_level(logging.WARNING):
+        assert reader.combine(reader.read_files(two_sweeps.fs, two_sweeps.files())).equals(scanned)
+    assert "alien-r0.parquet" in caplog.text
 
 
 @pytest.mark.parametrize("deleted_before_kill", [0, 3])
@@ -153,3 +200,23 @@ def test_query_limits_are_clear_errors_over_http(seed_store, monkeypatch):
                        headers=auth)  # fmt: skip
     assert big.status_code == 400 and "rows" in big.json()["error"]["message"]
     assert slow.status_code == 400 and "time limit" in slow.json()["error"]["message"]
+
+
+def test_the_compact_command_says_what_it_did(two_sweeps):
+    def compact(*args: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "service.cli", "compact", "--results", two_sweeps.uri, *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+    one = compact("--sweep", "s1")
+    assert one.returncode == 0 and one.stdout.splitlines() == [
+        "cluster=pcie-8x sweep=s1: 8 file(s) -> 1, 8 rows, 8 file(s) removed",
+        "1 compacted, 0 already compact",
+    ]
+    rest = compact()
+    assert rest.returncode == 0 and rest.stdout.splitlines() == [
+        "cluster=pcie-8x sweep=s2: 8 file(s) -> 1, 8 rows, 8 file(s) removed",
+        "cluster=pcie-8x pack: 2 file(s) -> 1, 16 rows, 2 file(s) removed",
+        "2 compacted, 1 already compact",
+    ]
+    bad = compact("--cluster", "../x")
+    assert bad.returncode == 2 and "--cluster" in bad.stderr and two_sweeps.files()

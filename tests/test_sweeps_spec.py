@@ -48,7 +48,49 @@ def test_example_specs_are_valid_and_the_seed_spec_is_the_seed_experiment():
     assert (seed.model, seed.micro_batch, seed.seq_len) == ("gpt2-124m", 12, 1024)
     assert (seed.warmup_steps, seed.timed_steps, seed.workers) == (10, 30, [8])
     assert min(seed.bucket_cap_mb) == 1 and max(seed.bucket_cap_mb) == 500 and 25 in seed.bucket_cap_mb
-    assert max(scaling.nodes) > 1 and 1 in scaling.workers
+    assert scaling.topology == ["1x1", "1x2", "1x4", "1x8", "2x8", "4x8"]
+    ddp = {c.topology: (c.world_size, c.num_nodes) for c in expand(scaling) if c.step.mode == "ddp"}
+    assert ddp == {"1x1": (1, 1), "1x2": (2, 1), "1x4": (4, 1), "1x8": (8, 1), "2x8": (16, 2), "4x8": (32, 4)}
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "allowed"),
+    [
+        ("name: t\ntopology: [2x8]\nworkers: [16]", "topology", "either topology or workers, not both"),
+        ("name: t\ntopology: [2x8]\nnodes: [2]", "topology", "either topology or nodes, not both"),
+        ("name: t\ntopology: [2*8]", "topology[0]", "<nodes>x<workers per node>"),
+        ("name: t\ntopology: [0x8]", "topology[0]", "<nodes>x<workers per node>"),  # YAML 1.2: 0x8 is hex 8
+        ("name: t\ntopology: [1x0]", "topology[0]", "at most 65536 workers"),
+        ("name: t\ntopology: [1x2, 1x2]", "topology", "without duplicates"),
+        ("name: t\ntopology: []", "topology", "a non-empty list"),
+        ("name: t\ntopology: 1x2", "topology", "a non-empty list"),
+    ],
+)
+def test_topology_errors_name_the_field(text, field, allowed):
+    with pytest.raises(SpecError) as err:
+        parse_spec(text)
+    assert err.value.field == field and allowed in str(err.value)
+
+
+def test_a_topology_grid_is_the_same_cells_as_workers_and_nodes():
+    by_topology = expand(parse_spec("name: t\ntopology: [1x2, 2x1, 2x2]\nbucket_cap_mb: [1, 25]"))
+    by_axes = expand(parse_spec("name: t\nworkers: [2, 4]\nnodes: [1, 2]\nbucket_cap_mb: [1, 25]"))
+    assert {c.cell_id for c in by_topology} < {c.cell_id for c in by_axes}  # same ids: stored rows stay valid
+    assert sorted(c.topology for c in by_topology if c.step.mode == "ddp") == ["1x2", "1x2", "2x1", "2x1", "2x2", "2x2"]
+    assert "4x1" not in {c.topology for c in by_topology}  # crossing workers x nodes adds 1x4; topology does not
+    text = cells_table(by_topology)
+    assert text.splitlines()[0].split()[:4] == ["cell_id", "mode", "topology", "workers"]
+
+
+def test_preflight_checks_topologies_node_by_node():
+    cells = expand(parse_spec("name: t\ntopology: [1x2, 2x2, 1x4]"))
+    two_nodes = ClusterResources(nodes=[(2.0, 0.0), (3.0, 0.0)])  # 5 CPUs in all, but 2 and 3 per node
+    with pytest.raises(SpecError) as err:
+        check(cells, two_nodes, 1.0, False, field="topology")
+    message = str(err.value)
+    assert err.value.field == "topology" and "2 node(s): 2 CPU/0 GPU, 3 CPU/0 GPU" in message
+    assert "topology 1x4): needs 4 worker(s) of 1 CPU on each of 1 node(s); the best 1 node(s) fit [3]" in message
+    assert "topology 2x2" not in message and "topology 1x2" not in message  # 2 + 2 fit on nodes of 3 and 2
 
 
 def test_expansion_dedupes_no_sync_at_gas_1_and_adds_baselines():

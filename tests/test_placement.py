@@ -1,0 +1,48 @@
+"""Issue 11: every row records where its ranks ran; a placement that is not the cell's topology is an
+error row, never a mis-filed measurement; each node's network fingerprint is recorded."""
+
+from __future__ import annotations
+
+import json
+
+from sweeps.fingerprint import network
+from sweeps.grid import expand
+from sweeps.rows import misplaced
+from sweeps.spec import parse_spec
+from sweeps.worker import placement_info
+
+
+def ddp_cell(topology: str):
+    return next(c for c in expand(parse_spec(f"name: p\ntopology: [{topology}]")) if c.step.mode == "ddp")
+
+
+def ranks(*nodes: str) -> list[dict]:
+    """A placement as the workers gather it: one entry per rank, on the named nodes."""
+    return [{"host": "h", "node": n, "ip": f"10.0.0.{ord(n[-1]) % 250}", "network": {"node_ip": n}} for n in nodes]
+
+
+def test_placement_info_counts_ranks_per_node_and_keeps_one_network_per_node():
+    info = placement_info(ranks("a", "b", "a", "b"))
+    assert (info["nodes"], info["ranks_per_node"]) == (2, [2, 2])
+    assert info["rank_nodes"] == ["10.0.0.97", "10.0.0.98", "10.0.0.97", "10.0.0.98"]  # in rank order
+    assert json.loads(info["network"]) == [{"node_ip": "a"}, {"node_ip": "b"}]
+
+
+def test_a_placement_that_is_not_the_topology_is_an_error():
+    assert misplaced(ddp_cell("2x2"), 2, [2, 2]) is None
+    uneven = misplaced(ddp_cell("2x2"), 2, [3, 1])
+    assert uneven == "placement put the ranks 3+1 on 2 node(s); the cell asks for topology 2x2 (2 on each of 2)"
+    packed = misplaced(ddp_cell("2x1"), 1, [2])
+    assert packed is not None and "on 1 node(s)" in packed and "topology 2x1" in packed
+    assert misplaced(ddp_cell("1x2"), 2, [1, 1]) is not None  # spread where one node was asked for
+
+
+def test_the_network_fingerprint_describes_this_node(monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ddp0")
+    monkeypatch.setenv("NCCL_IB_HCA", "mlx5_0")
+    fp = network("127.0.0.1")
+    assert fp["env"] == {"GLOO_SOCKET_IFNAME": "ddp0", "NCCL_IB_HCA": "mlx5_0"}
+    assert fp["gpus"] == 0 and fp["gpu_topology"] == ""  # this CPU machine
+    assert all(i["name"] != "lo" and set(i) == {"name", "speed_mbps", "mtu", "ipv4", "node_ip"}
+               for i in fp["interfaces"])  # fmt: skip
+    json.dumps(fp)  # stored as JSON

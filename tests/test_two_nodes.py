@@ -1,0 +1,106 @@
+"""Issue 11: a real two-node Ray cluster on this machine whose inter-node link has a known rate.
+
+benchmarks/two_node_cluster.sh builds two network namespaces joined by a veth pair shaped with tc tbf
+(link-local addresses, no default route: nothing leaves the pair), with a Ray head in one and a worker
+node in the other. On it a scaling sweep of the tiny model at 1x1, 1x2 and 2x1 must show the cross-node
+cell slower than the same-node one because of the link: the calibration across the link recovers the
+configured rate, and the scaling report flags the knee at 2x1. Skipped where namespaces can't be made.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from results.scaling import scaling
+from results.store import load, load_calibration
+
+pytestmark = [pytest.mark.netns, pytest.mark.ray, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "two_node_cluster.sh"
+RATE_MBIT = 100
+HEAD = "169.254.77.1:6379"
+SPEC = """
+name: two-node
+cluster: netns
+model: tiny
+micro_batch: 8
+seq_len: 64
+warmup_steps: 5
+timed_steps: 15
+topology: [1x1, 1x2, 2x1]
+bucket_cap_mb: [25]
+backend: gloo
+use_gpu: false
+calibrate: true
+repeats: 4
+env: {GLOO_SOCKET_IFNAME: ddp0}
+"""
+
+
+def why_no_namespaces() -> str | None:
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if not (shutil.which("ip") and shutil.which("tc")):
+        return "iproute2 (ip, tc) is not installed"
+    probe = subprocess.run(["ip", "netns", "add", "ddps-probe"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"cannot create a network namespace here: {probe.stderr.strip()}"
+    subprocess.run(["ip", "netns", "delete", "ddps-probe"], check=False)
+    return None
+
+
+def script(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, "PYTHON": sys.executable})  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    reason = why_no_namespaces()
+    if reason:
+        pytest.skip(reason)
+    up = script("up", f"{RATE_MBIT}mbit", timeout=300)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield
+    finally:
+        down = script("down", timeout=120)
+        assert down.returncode == 0, down.stderr
+        assert "ddps-a" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+def test_the_cross_node_cell_is_slower_because_of_the_link(two_nodes, tmp_path):
+    spec = tmp_path / "two-node.yaml"
+    spec.write_text(SPEC)
+    results = str(tmp_path / "results")
+    run = script("exec", sys.executable, "-m", "service.cli", "run", str(spec), "--address", HEAD,
+                 "--results", results)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = load(results)
+    ok = rows[rows["status"] == "ok"]
+    assert len(ok) == len(rows) == 16, rows[["cell_id", "status", "error"]]  # 4 x (baseline + 1x1 + 1x2 + 2x1)
+    ddp = ok[ok["mode"] == "ddp"]
+    cross = ddp[ddp["num_nodes"] == 2]
+    assert set(cross["workers_per_node_observed"]) == {1}
+    assert all(sorted(r) == ["169.254.77.1", "169.254.77.2"] for r in cross["rank_nodes"])  # one rank per node
+
+    table = scaling(rows, load_calibration(results)).set_index("topology")
+    same, across = table.loc["1x2"], table.loc["2x1"]
+    assert across["step_ms_ci_lo"] > same["step_ms_ci_hi"]  # slower, beyond both intervals
+    assert across["knee"] and "crosses from 1 to 2 node(s)" in across["knee_why"]
+
+    rate_gbps = RATE_MBIT * 1e6 / 8 / 1e9
+    recovered = across["busbw_gbps"] / rate_gbps
+    print(f"\ntwo-node cluster, link {RATE_MBIT} Mbit/s: step 1x2 {same['step_ms']:.1f} ms "
+          f"[{same['step_ms_ci_lo']:.1f}, {same['step_ms_ci_hi']:.1f}], 2x1 {across['step_ms']:.1f} ms "
+          f"[{across['step_ms_ci_lo']:.1f}, {across['step_ms_ci_hi']:.1f}]; busbw across the link "
+          f"{across['busbw_gbps'] * 8e3:.1f} Mbit/s at {across['busbw_at_bytes'] / 2**20:.1f} MiB "
+          f"({recovered:.0%} of the tc rate); same node {same['busbw_gbps'] * 8e3:.0f} Mbit/s")  # fmt: skip
+    assert 0.85 <= recovered <= 1.15  # the calibration recovers the configured link rate
+    assert same["busbw_gbps"] > 2 * across["busbw_gbps"]  # and the same-node ranks never cross it
