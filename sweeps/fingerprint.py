@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 from importlib import metadata
@@ -17,11 +18,14 @@ import torch
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "OMP_NUM_THREADS")
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # nvidia-smi topo -m underlines its header even into a pipe
+
+
 def _run(cmd: list[str]) -> str:
     if shutil.which(cmd[0]) is None:
         return ""
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip()
+        return ANSI.sub("", subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout).strip()
     except (OSError, subprocess.SubprocessError):
         return ""
 

@@ -4,6 +4,7 @@ error row, never a mis-filed measurement; each node's network fingerprint is rec
 from __future__ import annotations
 
 import json
+import os
 
 from sweeps.fingerprint import network
 from sweeps.grid import expand
@@ -46,3 +47,13 @@ def test_the_network_fingerprint_describes_this_node(monkeypatch):
     assert all(i["name"] != "lo" and set(i) == {"name", "speed_mbps", "mtu", "ipv4", "node_ip"}
                for i in fp["interfaces"])  # fmt: skip
     json.dumps(fp)  # stored as JSON
+
+
+def test_command_output_is_stored_without_terminal_escapes(tmp_path, monkeypatch):
+    from sweeps import fingerprint
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\nprintf '\\033[4mGPU0\\tCPU Affinity\\033[0m\\nGPU0\\t X \\t0-15\\n'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert fingerprint._run(["nvidia-smi", "topo", "-m"]) == "GPU0\tCPU Affinity\nGPU0\t X \t0-15"
