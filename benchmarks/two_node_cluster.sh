@@ -43,6 +43,7 @@ down() {
     fi
     rm -rf "/etc/netns/$ns"
   done
+  rmdir /etc/netns 2>/dev/null || true
   rm -rf "$TMP_A" "$TMP_B"
 }
 
@@ -89,29 +90,20 @@ EOF
 run() { in_ns $NS_A "$@"; }
 
 demo() {
-  local rate=${1:-100mbit} out
-  out=$(mktemp -d /tmp/ddps-demo-XXXX)
-  trap 'down; rm -rf "$out"' EXIT
+  local rate=${1:-100mbit}
+  cd "$(dirname "$0")/.."
+  DEMO_OUT=$(mktemp -d /tmp/ddps-demo-XXXX)
+  trap 'down; rm -rf "$DEMO_OUT"' EXIT
+  local out=$DEMO_OUT
   up "$rate"
-  cat >"$out/spec.yaml" <<EOF
-name: two-node
-cluster: netns-$rate
-model: tiny
-micro_batch: 8
-seq_len: 64
-warmup_steps: 2
-timed_steps: 10
-topology: [1x1, 1x2, 2x1]
-bucket_cap_mb: [25]
-backend: gloo
-use_gpu: false
-calibrate: true
-repeats: 3
-env: {GLOO_SOCKET_IFNAME: ddp0}
-EOF
-  run "$PY" -m service.cli run "$out/spec.yaml" --address "$IP_A:$GCS_PORT" --results "$out/results"
-  run "$PY" -m service.cli report --results "$out/results" --out "$out/report" >/dev/null
-  sed -n '/## Scaling/,/^## [^S]/p' "$out/report/report.md" || true
+  run "$PY" -m service.cli run benchmarks/two_node.yaml --cluster "netns-$rate" --address "$IP_A:$GCS_PORT" \
+    --results "$out/results"
+  echo; echo "== scaling by topology (link: $rate)"
+  "$PY" -m service.cli scaling --results "$out/results"
+  echo; echo "== all-reduce bus bandwidth at the largest calibrated message (configured link: $rate)"
+  "$PY" -m service.cli query --results "$out/results" "select num_nodes, world_size, size_bytes,
+    round(median(busbw_gbps) * 8000, 1) as busbw_mbit_s from calibration where kind = 'all_reduce' and
+    size_bytes = (select max(size_bytes) from calibration) group by all order by num_nodes"
 }
 
 case "${1:-}" in

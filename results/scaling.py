@@ -6,10 +6,10 @@ For each series — one (cluster, sweep, model, micro-batch, gas, no_sync, bucke
 (exposed communication / step), and where the sweep calibrated, the all-reduce bus bandwidth that
 topology's ranks reached at their largest calibrated message.
 
-The knee: the first topology, in order of world size (then nodes), whose efficiency relative to the
-previous topology's (`vs_previous` = per-rank tokens/s after / before: the baseline cancels) has its
-whole 95% interval below 1 - KNEE_DROP — where adding ranks stopped paying as before, beyond the noise.
-Its `knee_why` says whether that step crossed a node boundary.
+Topologies are ordered by world size, then nodes; `vs_previous` is each one's per-rank tokens/s over the
+previous one's (the baseline cancels), with its interval. A step whose whole interval lies below
+1 - KNEE_DROP is a significant drop (`knee_why` describes it, saying whether it crossed nodes); the
+knee is the steepest of them — where adding ranks stopped paying, beyond the noise.
 """
 
 from __future__ import annotations
@@ -75,22 +75,22 @@ def _per_rank(line: pd.Series) -> np.ndarray:
 
 
 def _flag_knee(table: pd.DataFrame, series: pd.DataFrame) -> None:
-    """Fill `vs_previous` for the series' topologies and mark its knee (see the module docstring)."""
-    prev, knee_found = None, False
+    """Fill `vs_previous` for the series' topologies, describe each significant drop, mark the steepest."""
+    prev, drops = None, []
     for idx, line in series.iterrows():
         if prev is not None:
-            ratio = _per_rank(line) / _per_rank(prev)  # independent cells: replicates paired at random
-            lo, hi = interval(ratio)
+            lo, hi = interval(_per_rank(line) / _per_rank(prev))  # independent cells: replicates paired at random
             centre = float(_per_rank_point(line) / _per_rank_point(prev))
             table.loc[idx, ["vs_previous", "vs_previous_ci_lo", "vs_previous_ci_hi"]] = [centre, lo, hi]
-            if not knee_found and hi < 1 - KNEE_DROP:
-                knee_found = True
+            if hi < 1 - KNEE_DROP:
                 crossed = line["num_nodes"] > prev["num_nodes"]
                 where = f"crosses from {prev['num_nodes']} to {line['num_nodes']} node(s)" if crossed else "same nodes"
-                table.loc[idx, "knee"] = True
                 table.loc[idx, "knee_why"] = (f"per-rank throughput x{centre:.2f} [{lo:.2f}, {hi:.2f}] of "
                                               f"{prev['topology']}'s; {where}")  # fmt: skip
+                drops.append((centre, idx))
         prev = line
+    if drops:
+        table.loc[min(drops)[1], "knee"] = True
 
 
 def _per_rank_point(line: pd.Series) -> float:

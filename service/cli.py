@@ -249,8 +249,9 @@ def scaling(
              "tokens_per_s_ci_lo", "tokens_per_s_ci_hi", "efficiency", "efficiency_ci_lo", "efficiency_ci_hi",
              "vs_previous", "vs_previous_ci_lo", "vs_previous_ci_hi", "comm_share", "busbw_gbps", "knee"]  # fmt: skip
     typer.echo(render(table[shown], fmt))
-    for k in table[table["knee"]].itertuples():
-        typer.echo(f"knee: {k.cluster} gas={k.gas} bucket={k.bucket_cap_mb:g} MB at {k.topology}: {k.knee_why}",
+    for k in table[table["knee_why"] != ""].itertuples():
+        what = "knee" if k.knee else "drop"  # every significant drop is named; the knee is the steepest
+        typer.echo(f"{what}: {k.cluster} gas={k.gas} bucket={k.bucket_cap_mb:g} MB at {k.topology}: {k.knee_why}",
                    err=fmt != "table")  # fmt: skip
 
 

@@ -2,7 +2,7 @@
 
 /                          every sweep in the store (local runs included), merged with Ray Jobs where a
                            cluster is attached; the table refreshes itself every 2 s from /ui/sweeps.json
-/ui/sweep/{cluster}/{id}   U-curves, efficiency and no_sync with intervals, best buckets, errors, downloads
+/ui/sweep/{cluster}/{id}   U-curves, efficiency, scaling and no_sync with intervals, best buckets, errors, downloads
 /ui/compare?a=C1&b=C2      two clusters' U-curves overlaid, and the comparison table with its flags
 """
 
@@ -14,7 +14,7 @@ import math
 
 import pandas as pd
 
-from results import analysis
+from results import analysis, scaling
 from results import compare as compare_mod
 from results.cache import CachedStore
 from service import jobs
@@ -96,15 +96,33 @@ def _finite(v) -> float | None:
 
 
 def curve_series(cells: pd.DataFrame, y: str, label: str = "") -> list[Series]:
-    """One series per (world, gas, no_sync) curve over bucket_cap_mb, with the y interval where known."""
+    """One series per (world, nodes, gas, no_sync) curve over bucket_cap_mb, with the y interval where known."""
     ddp = cells[(cells["mode"] == "ddp") & cells["bucket_cap_mb"].notna()]
+    several = ddp["num_nodes"].nunique() > 1
     out = []
-    for (world, gas, no_sync), g in ddp.groupby(["world_size", "gas", "no_sync"]):
-        pts = [Point(float(r["bucket_cap_mb"]), float(r[y]), _finite(r.get(f"{y}_ci_lo")), _finite(r.get(f"{y}_ci_hi")))
-               for _, r in g.iterrows() if _finite(r[y]) is not None]  # fmt: skip
-        name = f"{label}w={world} gas={gas}{' no_sync' if no_sync else ''}"
-        out.append(Series(name, pts))
+    for (world, nodes, gas, no_sync), g in ddp.groupby(["world_size", "num_nodes", "gas", "no_sync"]):
+        where = f"{nodes}x{world // nodes}" if several else f"w={world}"
+        out.append(Series(f"{label}{where} gas={gas}{' no_sync' if no_sync else ''}", _points(g, "bucket_cap_mb", y)))
     return out
+
+
+def _points(frame: pd.DataFrame, x: str, y: str) -> list[Point]:
+    return [Point(float(r[x]), float(r[y]), _finite(r.get(f"{y}_ci_lo")), _finite(r.get(f"{y}_ci_hi")))
+            for _, r in frame.iterrows() if _finite(r[y]) is not None]  # fmt: skip
+
+
+def scaling_section(rows: pd.DataFrame, calibration: pd.DataFrame) -> list[str]:
+    """Efficiency vs world size, a line per placement line (one node / W per node), and the knee table."""
+    table = scaling.scaling(rows, calibration)
+    series = [Series(f"gas={k[0]}{' no_sync' if k[1] else ''} {k[2]:g}MB {label}", _points(line, "world_size",
+                                                                                      "efficiency"))
+              for k, grp in table.groupby(["gas", "no_sync", "bucket_cap_mb"])
+              for label, line in scaling.lines(grp).items()]  # fmt: skip
+    chart = line_chart(series, title="strong-scaling efficiency by topology", log_x=True, x_label="world size",
+                       y_label="efficiency", chart_id="scaling")  # fmt: skip
+    return ["<h2>Scaling by topology</h2>", chart, _table(table, ["gas", "no_sync", "bucket_cap_mb", "topology",
+            "step_ms", "tokens_per_s", "efficiency", "vs_previous", "vs_previous_ci_lo", "vs_previous_ci_hi",
+            "busbw_gbps", "knee", "knee_why"], "scaling_table")]  # fmt: skip
 
 
 def _table(df: pd.DataFrame, columns: list[str], table_id: str) -> str:
@@ -141,14 +159,16 @@ def sweep_page(cache: CachedStore, cluster: str, sweep: str) -> str:
              "<h2>Best bucket per curve</h2>", _table(curve, ["world_size", "gas", "no_sync", "best_bucket_cap_mb",
              "indistinguishable_buckets_mb", "best_step_ms", "best_step_ms_ci_lo", "best_step_ms_ci_hi",
              "best_efficiency"], "best")]  # fmt: skip
+    cal = cache.calibration(cluster, sweep)
+    if scaling.topologies(rows) > 1:
+        parts += scaling_section(rows, cal)
     if not gain.empty:
         parts += ["<h2>no_sync gain</h2>", _table(gain, ["world_size", "gas", "bucket_cap_mb", "step_ms_sync",
                   "step_ms_no_sync", "saved_ms", "saved_ms_ci_lo", "saved_ms_ci_hi"], "no_sync")]  # fmt: skip
-    cal = cache.calibration(cluster, sweep)
     if not cal.empty:
         ar = cal[cal["kind"] == "all_reduce"]
-        pts = [Series(f"w={w}", [Point(r["size_bytes"] / 2**20, r["busbw_gbps"]) for _, r in g.iterrows()])
-               for w, g in ar.groupby("world_size")]  # fmt: skip
+        pts = [Series(f"{n}x{w // n}", [Point(r["size_bytes"] / 2**20, r["busbw_gbps"]) for _, r in g.iterrows()])
+               for (w, n), g in ar.groupby(["world_size", "num_nodes"])]  # fmt: skip
         parts.append(line_chart(pts, title="calibration: all-reduce bus bandwidth", log_x=True,
                                 x_label="message MiB", y_label="busbw GB/s", chart_id="calibration"))  # fmt: skip
     if not errors.empty:

@@ -33,3 +33,20 @@ def test_two_sweeps_compare_and_the_sweeps_table_counts(tmp_path):
                      for y in [y.split("'")[0]])  # fmt: skip
     stored = sorted(r["step_ms"] for r in seed_rows(sweep="s1") if r["mode"] == "ddp")
     assert medians == pytest.approx(stored, rel=1e-5)  # drawn to 6 significant digits
+
+
+def test_the_sweep_page_shows_scaling_by_topology(tmp_path):
+    from tests.test_scaling import topology_rows
+
+    store = Store.open(str(tmp_path))
+    for r in topology_rows(cross_node_ms=200.0):
+        store.write_row(r)
+    client = TestClient(create_app(ServiceSettings(address=None, results=str(tmp_path), token="t")))
+    page = client.get("/ui/sweep/netns/topo").text
+    assert "id='scaling'" in page and "Scaling by topology" in page
+    table = page[page.index("id='scaling_table'") :]
+    rows = re.findall(r"<tr>(.*?)</tr>", table)[1:]
+    knees = {re.findall(r"<td>(.*?)</td>", r)[3]: re.findall(r"<td>(.*?)</td>", r)[11] for r in rows}
+    assert knees == {"1x1": "False", "1x2": "False", "2x1": "True"}  # the knee, at the cross-node topology
+    u_curve = re.findall(r"id='u_curve'.*?</svg>", page, re.S)[0]
+    assert "1x2 gas=1" in u_curve and "2x1 gas=1" in u_curve and "w=2" not in u_curve  # apart, not merged

@@ -18,10 +18,12 @@ from tests.seed_rows import row
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def topology_rows(cross_node_ms: float, cluster: str = "netns") -> list[dict]:
-    """3 repeats of a single baseline (100 ms) and DDP at 1x1 (101 ms), 1x2 (105 ms), 2x1 (`cross_node_ms`)."""
+def topology_rows(cross_node_ms: float, cluster: str = "netns", same_node_ms: float = 105.0) -> list[dict]:
+    """3 repeats of a single baseline (100 ms) and DDP at 1x1 (101 ms), 1x2 (`same_node_ms`), 2x1
+    (`cross_node_ms`)."""
     rng = np.random.default_rng(0)
-    shapes = [("single", 1, 1, 100.0), ("ddp", 1, 1, 101.0), ("ddp", 2, 1, 105.0), ("ddp", 2, 2, cross_node_ms)]
+    shapes = [("single", 1, 1, 100.0), ("ddp", 1, 1, 101.0), ("ddp", 2, 1, same_node_ms),
+              ("ddp", 2, 2, cross_node_ms)]  # fmt: skip
     out = []
     for mode, world, nodes, ms in shapes:
         for rep in range(3):
@@ -44,6 +46,12 @@ def test_the_cross_node_knee_is_flagged_with_its_cause():
     assert list(table["knee"]) == [False, False, True]
     assert "crosses from 1 to 2 node(s)" in table.loc["2x1", "knee_why"]
     assert abs(table.loc["2x1", "comm_share"] - 0.5) < 0.01  # half the step is exposed communication
+
+
+def test_the_knee_is_the_steepest_of_several_significant_drops():
+    table = scaling(pd.DataFrame(topology_rows(cross_node_ms=400.0, same_node_ms=160.0))).set_index("topology")
+    assert list(table["knee"]) == [False, False, True]  # x0.63 within the node, then x0.40 across nodes
+    assert "same nodes" in table.loc["1x2", "knee_why"] and "crosses" in table.loc["2x1", "knee_why"]
 
 
 def test_no_knee_where_efficiency_holds():

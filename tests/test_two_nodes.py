@@ -25,22 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "two_node_cluster.sh"
 RATE_MBIT = 100
 HEAD = "169.254.77.1:6379"
-SPEC = """
-name: two-node
-cluster: netns
-model: tiny
-micro_batch: 8
-seq_len: 64
-warmup_steps: 5
-timed_steps: 15
-topology: [1x1, 1x2, 2x1]
-bucket_cap_mb: [25]
-backend: gloo
-use_gpu: false
-calibrate: true
-repeats: 4
-env: {GLOO_SOCKET_IFNAME: ddp0}
-"""
+SPEC = ROOT / "benchmarks" / "two_node.yaml"
 
 
 def why_no_namespaces() -> str | None:
@@ -76,10 +61,8 @@ def two_nodes():
 
 
 def test_the_cross_node_cell_is_slower_because_of_the_link(two_nodes, tmp_path):
-    spec = tmp_path / "two-node.yaml"
-    spec.write_text(SPEC)
     results = str(tmp_path / "results")
-    run = script("exec", sys.executable, "-m", "service.cli", "run", str(spec), "--address", HEAD,
+    run = script("exec", sys.executable, "-m", "service.cli", "run", str(SPEC), "--address", HEAD,
                  "--results", results)  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = load(results)
