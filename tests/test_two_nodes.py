@@ -67,9 +67,10 @@ def test_the_cross_node_cell_is_slower_because_of_the_link(two_nodes, tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = load(results)
     ok = rows[rows["status"] == "ok"]
-    assert len(ok) == len(rows) == 16, rows[["cell_id", "status", "error"]]  # 4 x (baseline + 1x1 + 1x2 + 2x1)
+    assert len(ok) == len(rows) == 20, rows[["cell_id", "status", "error"]]  # 5 x (baseline + 1x1 + 1x2 + 2x1)
     ddp = ok[ok["mode"] == "ddp"]
-    cross = ddp[ddp["num_nodes"] == 2]
+    cross, packed = ddp[ddp["num_nodes"] == 2], ddp[(ddp["num_nodes"] == 1) & (ddp["world_size"] == 2)]
+    assert cross["step_ms"].min() > packed["step_ms"].max()  # every run across the link slower than every run within
     assert set(cross["workers_per_node_observed"]) == {1}
     assert all(sorted(r) == ["169.254.77.1", "169.254.77.2"] for r in cross["rank_nodes"])  # one rank per node
 
