@@ -52,16 +52,35 @@ def compact_sweep(store: Store, cluster: str, sweep_id: str) -> Compaction:
     row_files = [f for f in listing if not f.path.endswith(f"/{COMPACTED}")]
     if not row_files:
         return Compaction(cluster, sweep_id, rows=0, files_read=0, files_removed=0)
-    tables = reader.read_files(store.fs, [f.path for f in listing])
+    rows, removed = _merge(store, store.sweep_dir(cluster, sweep_id), listing, row_files, ["cell_id", "repeat"])
+    return Compaction(cluster, sweep_id, rows=rows, files_read=len(listing), files_removed=removed)
+
+
+def compact_cluster(store: Store, cluster: str) -> Compaction:
+    """Pack a cluster's compacted sweep files (and its previous pack) into one file in the cluster's folder
+    (a no-op when there is at most the pack). Row files are left to compact_sweep."""
+    inputs = [f for f in store.listing(cluster) if f.path.endswith(f"/{COMPACTED}")]  # sweep files + old pack
+    sweeps = [f for f in inputs if "/sweep=" in f.path]
+    if not sweeps:
+        return Compaction(cluster, "*", rows=0, files_read=0, files_removed=0)
+    folder = f"{store.root}/cluster={cluster}"
+    rows, removed = _merge(store, folder, inputs, sweeps, ["sweep_id", "cell_id", "repeat"])
+    return Compaction(cluster, "*", rows=rows, files_read=len(inputs), files_removed=removed)
+
+
+def _merge(store: Store, folder: str, inputs: list[reader.FileStat], removable: list[reader.FileStat],
+           order: list[str]) -> tuple[int, int]:  # fmt: skip
+    """Read `inputs` (each row once, results.reader), write them sorted by `order` as folder/COMPACTED
+    (atomically), then delete the `removable` files whose rows all went into it and that are unchanged
+    since (unreadable, alien, impossible or mis-filed ones stay where a person can look at them).
+    Returns (rows written, files removed)."""
+    tables = reader.read_files(store.fs, [f.path for f in inputs])
     skipped: set[str] = set()
-    table = reader.combine(tables, skipped).sort_by([("cell_id", "ascending"), ("repeat", "ascending")])
-    store.write_atomic(store.sweep_dir(cluster, sweep_id), COMPACTED, lambda out: pq.write_table(
+    table = reader.combine(tables, skipped).sort_by([(c, "ascending") for c in order])
+    store.write_atomic(folder, COMPACTED, lambda out: pq.write_table(
         table, out, row_group_size=ROW_GROUP_ROWS, compression="zstd", write_statistics=True))  # fmt: skip
-    # Only files whose rows all went into the compacted file are deleted (unreadable, alien, impossible or
-    # mis-filed ones stay where a person can look at them).
-    covered = [f for f in row_files if tables.get(f.path) is not None and f.path not in skipped]
-    removed = sum(_remove_if_unchanged(store.fs, f) for f in covered)
-    return Compaction(cluster, sweep_id, rows=table.num_rows, files_read=len(listing), files_removed=removed)
+    covered = [f for f in removable if tables.get(f.path) is not None and f.path not in skipped]
+    return table.num_rows, sum(_remove_if_unchanged(store.fs, f) for f in covered)
 
 
 def _remove_if_unchanged(fs: pafs.FileSystem, stat: reader.FileStat) -> bool:
@@ -73,25 +92,6 @@ def _remove_if_unchanged(fs: pafs.FileSystem, stat: reader.FileStat) -> bool:
     except FileNotFoundError:
         return False  # another compaction got there first
     return True
-
-
-def compact_cluster(store: Store, cluster: str) -> Compaction:
-    """Pack a cluster's compacted sweep files (and its previous pack) into one file in the cluster's folder
-    (a no-op when there is at most the pack). Row files are left to compact_sweep."""
-    listing = store.listing(cluster)
-    sweeps = [f for f in listing if f.path.endswith(f"/{COMPACTED}") and "/sweep=" in f.path]
-    if not sweeps:
-        return Compaction(cluster, "*", rows=0, files_read=0, files_removed=0)
-    inputs = [f for f in listing if f.path.endswith(f"/{COMPACTED}")]  # the sweep files and the previous pack
-    tables = reader.read_files(store.fs, [f.path for f in inputs])
-    skipped: set[str] = set()
-    table = reader.combine(tables, skipped).sort_by([(c, "ascending") for c in ("sweep_id", "cell_id", "repeat")])
-    folder = f"{store.root}/cluster={cluster}"
-    store.write_atomic(folder, COMPACTED, lambda out: pq.write_table(
-        table, out, row_group_size=ROW_GROUP_ROWS, compression="zstd", write_statistics=True))  # fmt: skip
-    covered = [f for f in sweeps if tables.get(f.path) is not None and f.path not in skipped]
-    removed = sum(_remove_if_unchanged(store.fs, f) for f in covered)
-    return Compaction(cluster, "*", rows=table.num_rows, files_read=len(inputs), files_removed=removed)
 
 
 def compact(store: Store, cluster: str | None = None, sweep: str | None = None) -> list[Compaction]:
