@@ -28,8 +28,12 @@ from sweeps.spec import SweepSpec, load_spec  # noqa: E402
 def run(spec: SweepSpec, cluster: str, results: str) -> None:
     path = Path(results) / f"{cluster}.yaml"
     path.write_text(yaml.safe_dump(dataclasses.asdict(spec)))
-    subprocess.run([sys.executable, "-m", "service.cli", "run", str(path), "--results", results, "--cluster", cluster],
-                   cwd=ROOT, check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "service.cli", "run", str(path), "--results", results, "--cluster", cluster],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
 
 
 def old_rule(rows: pd.DataFrame, a: str, b: str) -> pd.Series:

@@ -32,16 +32,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "spec.yaml"
         path.write_text(yaml.safe_dump(dataclasses.asdict(spec)))
-        subprocess.run([sys.executable, "-m", "service.cli", "run", str(path), "--results", tmp], cwd=ROOT,
-                       check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "service.cli", "run", str(path), "--results", tmp],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
         rows, calibration = load(tmp), load_calibration(tmp)
     ar = calibration[calibration["kind"] == "all_reduce"].sort_values("size_bytes")
     print("all-reduce on the group's own ranks:")
     for r in ar.itertuples():
         print(f"  {r.size_bytes:>10} B  {r.time_ms:8.3f} ms  busbw {r.busbw_gbps:6.3f} GB/s")
     for f in costmodel.fits(calibration).itertuples():
-        print(f"alpha-beta: alpha {f.alpha_ms * 1e3:.0f} us, beta {f.beta_gbps:.3f} GB/s, max residual "
-              f"{f.max_rel_residual:.0%} -> predictions use the {f.uses}")  # fmt: skip
+        print(
+            f"alpha-beta: alpha {f.alpha_ms * 1e3:.0f} us, beta {f.beta_gbps:.3f} GB/s, max residual "
+            f"{f.max_rel_residual:.0%} -> predictions use the {f.uses}"
+        )
     curve = analysis.u_curve(rows)
     pred = costmodel.predictions(analysis.with_baseline(rows), calibration)
     print("\nsingle-bucket overhead, measured (largest bucket - baseline) vs predicted t(gradient bytes):")
@@ -49,13 +55,17 @@ def main() -> None:
         p = pred[(pred["gas"] == c.gas) & (pred["no_sync"] == c.no_sync)].iloc[0]
         m, lo, hi = c.single_bucket_overhead_ms, c.single_bucket_overhead_ms_ci_lo, c.single_bucket_overhead_ms_ci_hi
         predicted = p["predicted_single_bucket_ms"]
-        print(f"  gas={c.gas} no_sync={c.no_sync}: measured {m:.2f} ms [{lo:.2f}, {hi:.2f}], predicted "
-              f"{predicted:.2f} ms, predicted / measured {predicted / m:.2f}")  # fmt: skip
+        print(
+            f"  gas={c.gas} no_sync={c.no_sync}: measured {m:.2f} ms [{lo:.2f}, {hi:.2f}], predicted "
+            f"{predicted:.2f} ms, predicted / measured {predicted / m:.2f}"
+        )
     traced = rows[rows["comm_ms"].notna()].groupby(["gas", "no_sync", "bucket_cap_mb"])
     print("\nmeasured communication per step (trace_comm, medians): comm / exposed / overlapped fraction")
     for key, g in traced:
-        print(f"  gas={key[0]} no_sync={key[1]} bucket={key[2]:g} MB: {g['comm_ms'].median():.2f} ms / "
-              f"{g['comm_exposed_ms'].median():.2f} ms / {g['comm_overlap_frac'].median():.0%}")  # fmt: skip
+        print(
+            f"  gas={key[0]} no_sync={key[1]} bucket={key[2]:g} MB: {g['comm_ms'].median():.2f} ms / "
+            f"{g['comm_exposed_ms'].median():.2f} ms / {g['comm_overlap_frac'].median():.0%}"
+        )
 
 
 if __name__ == "__main__":

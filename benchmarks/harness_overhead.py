@@ -31,8 +31,22 @@ def launch(target: list[str], marker: str) -> str:
 
 
 def run_harness(cfg: dict) -> float:
-    args = ["--model", cfg["model"], "--micro-batch", cfg["mbs"], "--seq-len", cfg["seq"], "--bucket-cap-mb",
-            cfg["bucket"], "--gas", cfg["gas"], "--warmup", cfg["warmup"], "--steps", cfg["steps"]]  # fmt: skip
+    args = [
+        "--model",
+        cfg["model"],
+        "--micro-batch",
+        cfg["mbs"],
+        "--seq-len",
+        cfg["seq"],
+        "--bucket-cap-mb",
+        cfg["bucket"],
+        "--gas",
+        cfg["gas"],
+        "--warmup",
+        cfg["warmup"],
+        "--steps",
+        cfg["steps"],
+    ]
     args += ["--no-sync"] if cfg["no_sync"] else []
     return json.loads(launch(["-m", "trainers.bench", *map(str, args)], "{"))["step_ms"]
 
@@ -80,8 +94,10 @@ def main() -> None:
         print(f"round {i}: harness {harness[-1]:.2f} ms  bare {bare[-1]:.2f} ms", flush=True)
     h, b = statistics.median(harness), statistics.median(bare)
     per_step_us = instrumentation_cost_us()
-    print(f"instrumentation inside the timed loop: {per_step_us:.2f} us/step "
-          f"= {per_step_us / 1e3 / h * 100:.4f}% of a {h:.1f} ms step")  # fmt: skip
+    print(
+        f"instrumentation inside the timed loop: {per_step_us:.2f} us/step "
+        f"= {per_step_us / 1e3 / h * 100:.4f}% of a {h:.1f} ms step"
+    )
     print(f"median step: harness {h:.2f} ms, bare {b:.2f} ms, ratio harness/bare = {h / b:.4f} (target <= 1.02)")
 
 

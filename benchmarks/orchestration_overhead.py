@@ -39,8 +39,12 @@ def run_sweep(spec: SweepSpec, isolation: str, results: str) -> tuple[float, flo
     path.write_text(yaml.safe_dump(dataclasses.asdict(dataclasses.replace(spec, isolation=isolation))))
     start = pd.Timestamp.now(tz="UTC")
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "service.cli", "run", str(path), "--results", results, "--cluster",
-                    isolation], cwd=ROOT, check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "service.cli", "run", str(path), "--results", results, "--cluster", isolation],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     wall = time.perf_counter() - t0
     rows = load(results, cluster=isolation)
     return wall, (rows["group_started_at"].min() - start).total_seconds(), rows
@@ -53,8 +57,16 @@ def group_figures(rows: pd.DataFrame) -> pd.DataFrame:
         wall = (g["finished_at"].max() - g["group_started_at"].min()).total_seconds()
         work = (g["warmup_ms"].sum() + g["step_times_ms"].map(sum).sum()) / 1e3
         start = g["group_setup_s"].iloc[0]
-        out.append({"group_id": gid, "n": len(g), "wall_s": wall, "group_start_s": start, "work_s": work,
-                    "marginal_s": (wall - start - work) / len(g)})  # fmt: skip
+        out.append(
+            {
+                "group_id": gid,
+                "n": len(g),
+                "wall_s": wall,
+                "group_start_s": start,
+                "work_s": work,
+                "marginal_s": (wall - start - work) / len(g),
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -65,13 +77,41 @@ def torchrun_loop(cells: list[Cell], repeats: int, threads: int, device: str) ->
     for _ in range(repeats):
         for cell in cells:
             s = cell.step
-            launcher = [sys.executable, "-m", "trainers.bench"] if s.mode == "single" else [
-                sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cell.world_size}",
-                "-m", "trainers.bench"]  # fmt: skip
-            args = ["--model", s.model, "--mode", s.mode, "--micro-batch", str(s.micro_batch), "--seq-len",
-                    str(s.seq_len), "--gas", str(s.gas), "--warmup", str(s.warmup_steps), "--steps",
-                    str(s.timed_steps), "--threads", str(threads), "--device", device,
-                    "--bucket-cap-mb", str(s.bucket_cap_mb or 25)] + (["--no-sync"] if s.no_sync else [])  # fmt: skip
+            launcher = (
+                [sys.executable, "-m", "trainers.bench"]
+                if s.mode == "single"
+                else [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--standalone",
+                    f"--nproc_per_node={cell.world_size}",
+                    "-m",
+                    "trainers.bench",
+                ]
+            )
+            args = [
+                "--model",
+                s.model,
+                "--mode",
+                s.mode,
+                "--micro-batch",
+                str(s.micro_batch),
+                "--seq-len",
+                str(s.seq_len),
+                "--gas",
+                str(s.gas),
+                "--warmup",
+                str(s.warmup_steps),
+                "--steps",
+                str(s.timed_steps),
+                "--threads",
+                str(threads),
+                "--device",
+                device,
+                "--bucket-cap-mb",
+                str(s.bucket_cap_mb or 25),
+            ] + (["--no-sync"] if s.no_sync else [])
             out = subprocess.run([*launcher, *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
             row = json.loads(next(x for x in out.splitlines() if x.startswith("{")))
             step_ms.setdefault(cell.cell_id, []).append(row["step_ms"])
@@ -93,8 +133,10 @@ def main() -> None:
     t_wall, t_ms = torchrun_loop(expand(spec), spec.repeats, max(1, int(spec.cpus_per_worker)), device)
     figs = group_figures(g_rows)
     print(f"{spec.name}: {n} measurements ({len(expand(spec))} cells x {spec.repeats} rounds) on {device}\n")
-    print(f"whole sweep   isolation=group {g_wall:6.1f} s | isolation=cell {c_wall:6.1f} s | "
-          f"torchrun relaunch loop {t_wall:6.1f} s")  # fmt: skip
+    print(
+        f"whole sweep   isolation=group {g_wall:6.1f} s | isolation=cell {c_wall:6.1f} s | "
+        f"torchrun relaunch loop {t_wall:6.1f} s"
+    )
     print(f"speed-up      group vs cell {c_wall / g_wall:.1f}x, group vs torchrun loop {t_wall / g_wall:.1f}x")
     print(f"sweep start   {g_sweep_start:.1f} s (command start -> first worker group launched)")
     for f in figs.itertuples():

@@ -48,8 +48,13 @@ CLUSTERS = 5
 def synthetic_row(i: int, base: list[dict]) -> dict:
     sweep = i // ROWS_PER_SWEEP
     row = dict(base[i % len(base)])
-    row.update(cluster=f"bench-{sweep % CLUSTERS}", sweep_id=f"s{sweep:05d}", cell_id=f"c{i % ROWS_PER_SWEEP:03d}",
-               repeat=0, step_ms=row["step_ms"] * (1 + 0.01 * random.random()))  # fmt: skip
+    row.update(
+        cluster=f"bench-{sweep % CLUSTERS}",
+        sweep_id=f"s{sweep:05d}",
+        cell_id=f"c{i % ROWS_PER_SWEEP:03d}",
+        repeat=0,
+        step_ms=row["step_ms"] * (1 + 0.01 * random.random()),
+    )
     return row
 
 
@@ -63,8 +68,13 @@ def generate(root: str, rows: int) -> float:
 
 def cli_query(root: str, sql: str = "select count(*) from cells") -> tuple[float, str]:
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "service.cli", "query", sql, "--results", root, "--format", "csv"],
-                         capture_output=True, text=True, cwd=ROOT, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "service.cli", "query", sql, "--results", root, "--format", "csv"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+    ).stdout
     return time.perf_counter() - start, out.strip().splitlines()[-1]
 
 
@@ -164,8 +174,10 @@ def main() -> None:
         now = reader.combine(reader.read_files(store.fs, subset))
         par = time.perf_counter() - start
         assert now.num_rows == len(subset)
-        print(f"reader, {len(subset)} files (warm page cache): sequential (before) {seq:6.2f} s   "
-              f"parallel (now) {par:6.2f} s   ratio {seq / par:5.1f}x")  # fmt: skip
+        print(
+            f"reader, {len(subset)} files (warm page cache): sequential (before) {seq:6.2f} s   "
+            f"parallel (now) {par:6.2f} s   ratio {seq / par:5.1f}x"
+        )
         t_uncompacted, count = cli_query(root)
         print(f"ddpsweep query count(*), {len(files)} files (uncompacted): {t_uncompacted:6.2f} s -> {count}")
         start = time.perf_counter()

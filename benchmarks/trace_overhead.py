@@ -30,8 +30,9 @@ def main() -> None:
     args = ap.parse_args()
     dist.init_process_group("gloo")
     threads = max(1, (os.cpu_count() or 1) // dist.get_world_size())
-    cfg = StepConfig(model=args.model, micro_batch=4, seq_len=64, bucket_cap_mb=args.bucket_cap_mb, warmup_steps=3,
-                     timed_steps=20)  # fmt: skip
+    cfg = StepConfig(
+        model=args.model, micro_batch=4, seq_len=64, bucket_cap_mb=args.bucket_cap_mb, warmup_steps=3, timed_steps=20
+    )
     template = build_model(cfg, torch.device("cpu"))
     run_cell(cfg, torch.device("cpu"), threads, template)  # warm the processes
     ratios = []
@@ -45,11 +46,15 @@ def main() -> None:
         if dist.get_rank() == 0:
             ratios.append(ms[True] / ms[False])
     if dist.get_rank() == 0:
-        boot = sorted(statistics.median(ratios[j] for j in torch.randint(len(ratios), (len(ratios),)).tolist())
-                      for _ in range(2000))  # fmt: skip
+        boot = sorted(
+            statistics.median(ratios[j] for j in torch.randint(len(ratios), (len(ratios),)).tolist())
+            for _ in range(2000)
+        )
         print(f"{args.model}, bucket {args.bucket_cap_mb:g} MB, {dist.get_world_size()} gloo ranks, {args.pairs} pairs")
-        print(f"step time trace on / off: median {statistics.median(ratios):.4f} "
-              f"[{boot[50]:.4f}, {boot[1949]:.4f}] (95%, bootstrap over pairs); target <= 1.01")  # fmt: skip
+        print(
+            f"step time trace on / off: median {statistics.median(ratios):.4f} "
+            f"[{boot[50]:.4f}, {boot[1949]:.4f}] (95%, bootstrap over pairs); target <= 1.01"
+        )
         print("per pair: " + " ".join(f"{r:.3f}" for r in ratios))
     dist.barrier()
     dist.destroy_process_group()

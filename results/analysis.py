@@ -18,8 +18,22 @@ import pandas as pd
 from results.uncertainty import cell_replicates, interval
 
 # A measured configuration; repeats of it are aggregated (median) before any comparison.
-CONFIG_KEYS = ["cluster", "sweep_id", "model", "micro_batch", "seq_len", "mode", "world_size", "num_nodes", "gas",
-               "no_sync", "bucket_cap_mb", "gradient_as_bucket_view", "backend", "device_type"]  # fmt: skip
+CONFIG_KEYS = [
+    "cluster",
+    "sweep_id",
+    "model",
+    "micro_batch",
+    "seq_len",
+    "mode",
+    "world_size",
+    "num_nodes",
+    "gas",
+    "no_sync",
+    "bucket_cap_mb",
+    "gradient_as_bucket_view",
+    "backend",
+    "device_type",
+]
 BASELINE_KEYS = ["cluster", "sweep_id", "model", "micro_batch", "seq_len"]
 CURVE_KEYS = BASELINE_KEYS + ["mode", "world_size", "num_nodes", "gas", "no_sync", "gradient_as_bucket_view"]
 
@@ -64,8 +78,20 @@ def ok_cells(rows: pd.DataFrame) -> pd.DataFrame:
     """One line per configuration from the usable rows: the pooled median step over repeats with its interval,
     n_repeats, n_steps, the worst CV, and the bootstrap replicates (`step_ms_reps`) for propagation."""
     ok = usable(rows)
-    cols = [*CONFIG_KEYS, "step_ms", "step_ms_ci_lo", "step_ms_ci_hi", "n_repeats", "n_steps", "step_ms_reps",
-            "tokens_per_s", "step_ms_cv", "tokens_per_step", "grad_bytes", "bucket_sizes_bytes"]  # fmt: skip
+    cols = [
+        *CONFIG_KEYS,
+        "step_ms",
+        "step_ms_ci_lo",
+        "step_ms_ci_hi",
+        "n_repeats",
+        "n_steps",
+        "step_ms_reps",
+        "tokens_per_s",
+        "step_ms_cv",
+        "tokens_per_step",
+        "grad_bytes",
+        "bucket_sizes_bytes",
+    ]
     if ok.empty:
         return pd.DataFrame(columns=cols)
     out = cell_replicates(ok, CONFIG_KEYS)
@@ -96,8 +122,13 @@ def with_baseline(rows: pd.DataFrame, keep_reps: bool = False) -> pd.DataFrame:
     cells = ok_cells(rows)
     single = cells[cells["mode"] == "single"][[*BASELINE_KEYS, "gas", "step_ms", "tokens_per_s", "step_ms_reps"]]
     dist = cells[cells["mode"] != "single"]
-    exact = single.rename(columns={"step_ms": "baseline_step_ms", "tokens_per_s": "baseline_tokens_per_s",
-                                   "step_ms_reps": "baseline_reps"})  # fmt: skip
+    exact = single.rename(
+        columns={
+            "step_ms": "baseline_step_ms",
+            "tokens_per_s": "baseline_tokens_per_s",
+            "step_ms_reps": "baseline_reps",
+        }
+    )
     out = dist.merge(exact, on=[*BASELINE_KEYS, "gas"], how="left")
     out["baseline_source"] = out["baseline_step_ms"].notna().map({True: "measured", False: None})
     g1 = single[single["gas"] == 1].drop(columns="gas")
@@ -107,8 +138,10 @@ def with_baseline(rows: pd.DataFrame, keep_reps: bool = False) -> pd.DataFrame:
     out.loc[fill, "baseline_step_ms"] = out.loc[fill, "g1_step_ms"] * out.loc[fill, "gas"]
     out.loc[fill, "baseline_tokens_per_s"] = out.loc[fill, "g1_tokens_per_s"]
     out.loc[fill, "baseline_source"] = "gas1_scaled"
-    out["baseline_reps"] = [g1r * gas if f else br for f, br, g1r, gas in
-                            zip(fill, out["baseline_reps"], out["g1_reps"], out["gas"], strict=True)]  # fmt: skip
+    out["baseline_reps"] = [
+        g1r * gas if f else br
+        for f, br, g1r, gas in zip(fill, out["baseline_reps"], out["g1_reps"], out["gas"], strict=True)
+    ]
     out = out.drop(columns=["g1_step_ms", "g1_tokens_per_s", "g1_reps"])
     out["efficiency"] = out["tokens_per_s"] / (out["world_size"] * out["baseline_tokens_per_s"])
     out["exposed_comm_ms"] = out["step_ms"] - out["baseline_step_ms"]
@@ -116,8 +149,10 @@ def with_baseline(rows: pd.DataFrame, keep_reps: bool = False) -> pd.DataFrame:
     steps, bases = _reps(out), _reps(out, "baseline_reps")
     # efficiency = (tokens/step / step) / (world x tokens/step/world / (gas-matched baseline step)) = base / step / 1
     base_tokens = out["baseline_tokens_per_s"] * out["baseline_step_ms"] / 1e3  # baseline tokens per step
-    eff = [tps / (s / 1e3) / (w * bt / (b / 1e3)) for tps, s, w, bt, b in
-           zip(out["tokens_per_step"], steps, out["world_size"], base_tokens, bases, strict=True)]  # fmt: skip
+    eff = [
+        tps / (s / 1e3) / (w * bt / (b / 1e3))
+        for tps, s, w, bt, b in zip(out["tokens_per_step"], steps, out["world_size"], base_tokens, bases, strict=True)
+    ]
     _ci(out, "efficiency", pd.Series(eff, dtype=object))
     _ci(out, "exposed_comm_ms", pd.Series([s - b for s, b in zip(steps, bases, strict=True)], dtype=object))
     return out if keep_reps else out.drop(columns=["step_ms_reps", "baseline_reps"])
@@ -207,6 +242,7 @@ def measured_vs_predicted(rows: pd.DataFrame, algbw_bytes_per_s: float) -> pd.Da
     out = curve.merge(grad, on=BASELINE_KEYS, how="left")
     out["measured_single_bucket_overhead_ms"] = out["single_bucket_overhead_ms"]
     out["predicted_allreduce_ms"] = out["grad_bytes"].map(lambda s: predicted_allreduce_ms(s, algbw_bytes_per_s))
-    out["bytes_per_rank"] = [allreduce_bytes_per_rank(s, n) for s, n in zip(out["grad_bytes"], out["world_size"],
-                                                                           strict=True)]  # fmt: skip
+    out["bytes_per_rank"] = [
+        allreduce_bytes_per_rank(s, n) for s, n in zip(out["grad_bytes"], out["world_size"], strict=True)
+    ]
     return out

@@ -68,8 +68,9 @@ def compact_cluster(store: Store, cluster: str) -> Compaction:
     return Compaction(cluster, "*", rows=rows, files_read=len(inputs), files_removed=removed)
 
 
-def _merge(store: Store, folder: str, inputs: list[reader.FileStat], removable: list[reader.FileStat],
-           order: list[str]) -> tuple[int, int]:  # fmt: skip
+def _merge(
+    store: Store, folder: str, inputs: list[reader.FileStat], removable: list[reader.FileStat], order: list[str]
+) -> tuple[int, int]:
     """Read `inputs` (each row once, results.reader), write them sorted by `order` as folder/COMPACTED
     (atomically), then delete the `removable` files whose rows all went into it and that are unchanged
     since (unreadable, alien, impossible or mis-filed ones stay where a person can look at them).
@@ -77,8 +78,13 @@ def _merge(store: Store, folder: str, inputs: list[reader.FileStat], removable: 
     tables = reader.read_files(store.fs, [f.path for f in inputs])
     skipped: set[str] = set()
     table = reader.combine(tables, skipped).sort_by([(c, "ascending") for c in order])
-    store.write_atomic(folder, COMPACTED, lambda out: pq.write_table(
-        table, out, row_group_size=ROW_GROUP_ROWS, compression="zstd", write_statistics=True))  # fmt: skip
+    store.write_atomic(
+        folder,
+        COMPACTED,
+        lambda out: pq.write_table(
+            table, out, row_group_size=ROW_GROUP_ROWS, compression="zstd", write_statistics=True
+        ),
+    )
     covered = [f for f in removable if tables.get(f.path) is not None and f.path not in skipped]
     return table.num_rows, sum(_remove_if_unchanged(store.fs, f) for f in covered)
 

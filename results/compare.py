@@ -62,6 +62,16 @@ def compare(rows: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
         why.append("; ".join(diffs))
     both["why"] = why
     both["comparable"] = both["why"] == ""
-    cols = [*POSITION, f"step_ms_{a}", f"step_ms_{b}", "ratio", "ratio_ci_lo", "ratio_ci_hi", "verdict",
-            "significant", "comparable", "why"]  # fmt: skip
+    cols = [
+        *POSITION,
+        f"step_ms_{a}",
+        f"step_ms_{b}",
+        "ratio",
+        "ratio_ci_lo",
+        "ratio_ci_hi",
+        "verdict",
+        "significant",
+        "comparable",
+        "why",
+    ]
     return both[cols].sort_values(["mode", "world_size", "gas", "no_sync", "bucket_cap_mb"]).reset_index(drop=True)

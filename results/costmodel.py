@@ -36,10 +36,18 @@ def fits(calibration: pd.DataFrame) -> pd.DataFrame:
     for key, grp in ar.groupby(FIT_KEYS, dropna=False):
         grp = grp.groupby("size_bytes", as_index=False)["time_ms"].median().sort_values("size_bytes")
         alpha, beta, residual = fit_alpha_beta(grp["size_bytes"].to_numpy(), grp["time_ms"].to_numpy())
-        lines.append(dict(zip(FIT_KEYS, key, strict=True)) | {
-            "alpha_ms": alpha, "beta_gbps": beta / 1e9, "max_rel_residual": residual, "n_sizes": len(grp),
-            "uses": "fit" if residual <= POOR_FIT else "measured curve",
-            "curve_bytes": grp["size_bytes"].to_numpy(), "curve_ms": grp["time_ms"].to_numpy()})  # fmt: skip
+        lines.append(
+            dict(zip(FIT_KEYS, key, strict=True))
+            | {
+                "alpha_ms": alpha,
+                "beta_gbps": beta / 1e9,
+                "max_rel_residual": residual,
+                "n_sizes": len(grp),
+                "uses": "fit" if residual <= POOR_FIT else "measured curve",
+                "curve_bytes": grp["size_bytes"].to_numpy(),
+                "curve_ms": grp["time_ms"].to_numpy(),
+            }
+        )
     columns = [*FIT_KEYS, "alpha_ms", "beta_gbps", "max_rel_residual", "n_sizes", "uses", "curve_bytes", "curve_ms"]
     return pd.DataFrame(lines, columns=columns)
 

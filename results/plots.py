@@ -58,16 +58,27 @@ def u_curve_figure(rows: pd.DataFrame) -> Figure:
         ax, sub = axes[i][j], t[(t["cluster"] == cluster) & (t["gas"] == gas)]
         for (world, ns), line in sub.groupby(["world_size", "no_sync"]):
             line = line.sort_values("bucket_cap_mb")
-            color = errorbar(ax, line["bucket_cap_mb"], line["step_ms"], line["step_ms_ci_lo"],
-                             line["step_ms_ci_hi"], label=f"{world} ranks, no_sync={bool(ns)}")  # fmt: skip
+            color = errorbar(
+                ax,
+                line["bucket_cap_mb"],
+                line["step_ms"],
+                line["step_ms_ci_lo"],
+                line["step_ms_ci_hi"],
+                label=f"{world} ranks, no_sync={bool(ns)}",
+            )
             _mark_indistinguishable(ax, line, color)
         base = sub.dropna(subset=["baseline_step_ms"])
         if not base.empty:
             scaled = " (gas x gas-1 run)" if base["baseline_source"].iloc[0] == "gas1_scaled" else ""
-            ax.axhline(base["baseline_step_ms"].iloc[0], color="grey", linestyle="--",
-                       label=f"single-worker baseline{scaled}")  # fmt: skip
-        ax.set(xscale="log", xlabel="bucket_cap_mb (MB, log)", ylabel="step time (ms, median, 95% interval)",
-               title=f"{cluster}: gas={gas} (★ best; band: indistinguishable from it)")  # fmt: skip
+            ax.axhline(
+                base["baseline_step_ms"].iloc[0], color="grey", linestyle="--", label=f"single-worker baseline{scaled}"
+            )
+        ax.set(
+            xscale="log",
+            xlabel="bucket_cap_mb (MB, log)",
+            ylabel="step time (ms, median, 95% interval)",
+            title=f"{cluster}: gas={gas} (★ best; band: indistinguishable from it)",
+        )
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -100,9 +111,15 @@ def no_sync_figure(rows: pd.DataFrame) -> Figure:
     for (cluster, world, ns), grp in t.groupby(["cluster", "world_size", "no_sync"]):
         best = grp.loc[grp.groupby("gas")["tokens_per_s"].idxmax()].sort_values("gas")
         tokens = best["tokens_per_step"] / 1e3  # ktokens per step; tokens/s = tokens / step time
-        errorbar(ax, best["gas"], best["tokens_per_s"] / 1e3, tokens / (best["step_ms_ci_hi"] / 1e3),
-                 tokens / (best["step_ms_ci_lo"] / 1e3), fmt="-o" if ns else ":o",
-                 label=f"{cluster} {world} ranks no_sync={bool(ns)}")  # fmt: skip
+        errorbar(
+            ax,
+            best["gas"],
+            best["tokens_per_s"] / 1e3,
+            tokens / (best["step_ms_ci_hi"] / 1e3),
+            tokens / (best["step_ms_ci_lo"] / 1e3),
+            fmt="-o" if ns else ":o",
+            label=f"{cluster} {world} ranks no_sync={bool(ns)}",
+        )
     ax.set(
         xlabel="gradient accumulation steps (gas)", ylabel="throughput (ktokens/s)", title="no_sync under accumulation"
     )
@@ -148,10 +165,19 @@ def calibration_figure(calibration: pd.DataFrame) -> Figure:
         line_fit = fit.copy()
         line_fit["uses"] = "fit"  # draw the α–β line itself, even where the report uses the measured curve
         model = sizes / (costmodel.predict_ms(line_fit, sizes) / 1e3) * 2 * (n - 1) / n / 1e9
-        ax.plot(sizes, model, "--", color=line.get_color(),
-                label=f"α={fit['alpha_ms'] * 1e3:.0f} µs, β={fit['beta_gbps']:.2f} GB/s algbw")  # fmt: skip
-    ax.set(xscale="log", xlabel="message size (bytes, log)", ylabel="busbw (GB/s)",
-           title="All-reduce bandwidth by size (measured, and the α–β fit dashed)")  # fmt: skip
+        ax.plot(
+            sizes,
+            model,
+            "--",
+            color=line.get_color(),
+            label=f"α={fit['alpha_ms'] * 1e3:.0f} µs, β={fit['beta_gbps']:.2f} GB/s algbw",
+        )
+    ax.set(
+        xscale="log",
+        xlabel="message size (bytes, log)",
+        ylabel="busbw (GB/s)",
+        title="All-reduce bandwidth by size (measured, and the α–β fit dashed)",
+    )
     return _finish(fig, ax)
 
 
@@ -167,8 +193,11 @@ def overlap_figure(rows: pd.DataFrame) -> Figure:
         labels = [f"{b:g}" for b in by.index]
         ax.bar(labels, by["comm_ms"] - by["comm_exposed_ms"], label="hidden behind backward")
         ax.bar(labels, by["comm_exposed_ms"], bottom=by["comm_ms"] - by["comm_exposed_ms"], label="exposed")
-        ax.set(xlabel="bucket_cap_mb", ylabel="communication per step (ms)",
-               title=f"{key[0]}: {key[1]} ranks gas={key[2]} no_sync={bool(key[3])}")  # fmt: skip
+        ax.set(
+            xlabel="bucket_cap_mb",
+            ylabel="communication per step (ms)",
+            title=f"{key[0]}: {key[1]} ranks gas={key[2]} no_sync={bool(key[3])}",
+        )
         ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -185,15 +214,32 @@ def scaling_figure(table: pd.DataFrame) -> Figure:
         name = f"{cluster} gas={gas}{' no_sync' if no_sync else ''} {bucket:g} MB"
         for label, line in scaling.lines(series).items():
             line = line.sort_values("world_size")
-            color = errorbar(tput, line["world_size"], line["tokens_per_s"], line["tokens_per_s_ci_lo"],
-                             line["tokens_per_s_ci_hi"], label=f"{name}: {label}")  # fmt: skip
-            errorbar(eff, line["world_size"], line["efficiency"], line["efficiency_ci_lo"], line["efficiency_ci_hi"],
-                     color=color, label=f"{name}: {label}")  # fmt: skip
+            color = errorbar(
+                tput,
+                line["world_size"],
+                line["tokens_per_s"],
+                line["tokens_per_s_ci_lo"],
+                line["tokens_per_s_ci_hi"],
+                label=f"{name}: {label}",
+            )
+            errorbar(
+                eff,
+                line["world_size"],
+                line["efficiency"],
+                line["efficiency_ci_lo"],
+                line["efficiency_ci_hi"],
+                color=color,
+                label=f"{name}: {label}",
+            )
         knees = series[series["knee"]]
         eff.plot(knees["world_size"], knees["efficiency"], "o", mfc="none", mec="red", ms=14, label="_knee")
     tput.set(xscale="log", xlabel="world size (ranks, log)", ylabel="tokens/s", title="Throughput by topology")
-    eff.set(xscale="log", xlabel="world size (ranks, log)", ylabel="scaling efficiency",
-            title="Strong-scaling efficiency (red circle: the knee)")  # fmt: skip
+    eff.set(
+        xscale="log",
+        xlabel="world size (ranks, log)",
+        ylabel="scaling efficiency",
+        title="Strong-scaling efficiency (red circle: the knee)",
+    )
     eff.axhline(1.0, color="grey", lw=0.8)
     tput.grid(alpha=0.3)
     return _finish(fig, eff)

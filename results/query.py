@@ -49,9 +49,10 @@ def views(root: str, sql: str | None = None) -> dict[str, pd.DataFrame | object]
 INTERVAL_COLUMNS = ["step_ms_ci_lo", "step_ms_ci_hi", "n_repeats", "n_steps"]
 CELL_FLAGS = ["round_drifted", "noisy"]
 ANALYSES = {
-    "cells_vs_baseline": analysis.with_baseline, "u_curve": analysis.u_curve,
+    "cells_vs_baseline": analysis.with_baseline,
+    "u_curve": analysis.u_curve,
     "no_sync_gain": analysis.no_sync_gain,
-}  # fmt: skip
+}
 
 
 def _uses(sql: str | None, *names: str) -> bool:
@@ -73,8 +74,9 @@ def _columns(sql: str | None) -> list[str] | None:
     return [f.name for f in SCHEMA if f.name in text]
 
 
-def views_of(table: pa.Table, calibration: pd.DataFrame, sql: str | None = None,
-             root: str = "the store") -> dict[str, pd.DataFrame | object]:  # fmt: skip
+def views_of(
+    table: pa.Table, calibration: pd.DataFrame, sql: str | None = None, root: str = "the store"
+) -> dict[str, pd.DataFrame | object]:
     """The views over rows already read (the server keeps them in memory)."""
     if table.num_rows == 0 and calibration.empty:
         raise StoreNotFound(f"no results under {root!r}: run a sweep first (ddpsweep run SPEC --results {root})")
@@ -104,9 +106,13 @@ def _cells_view() -> str:
 
 # Connection settings fixed before anything runs; the paths must be set before external access is off.
 _CONFIG = {
-    "threads": 2, "memory_limit": "2GB", "temp_directory": "", "secret_directory": NOWHERE,
-    "extension_directory": NOWHERE, "allow_persistent_secrets": False,
-}  # fmt: skip
+    "threads": 2,
+    "memory_limit": "2GB",
+    "temp_directory": "",
+    "secret_directory": NOWHERE,
+    "extension_directory": NOWHERE,
+    "allow_persistent_secrets": False,
+}
 _LOCKDOWN = [
     "SET enable_external_access = false",
     "SET autoinstall_known_extensions = false",
@@ -175,8 +181,14 @@ def _to_df(batches: list) -> pd.DataFrame:
     return pa.Table.from_batches(batches).to_pandas()
 
 
-def query(root: str, sql: str, *, timeout_s: float | None = None, max_rows: int | None = None,
-          frames: dict[str, object] | None = None) -> pd.DataFrame:  # fmt: skip
+def query(
+    root: str,
+    sql: str,
+    *,
+    timeout_s: float | None = None,
+    max_rows: int | None = None,
+    frames: dict[str, object] | None = None,
+) -> pd.DataFrame:
     """Run one read-only SQL query over the store's views (limits default to QUERY_TIMEOUT_S and
     MAX_RESULT_ROWS; `frames`: views already built, e.g. from the server's cached rows). Raises QueryError
     with DuckDB's message, scrubbed of server paths."""

@@ -84,8 +84,11 @@ def read_file(fs: pafs.FileSystem, path: str, schema: pa.Schema = SCHEMA) -> pa.
 BATCH = 1000  # files consolidated into one contiguous table at a time
 
 
-def read_files(fs: pafs.FileSystem, paths: Iterable[str], columns: Iterable[str] | None = None,
-               ) -> dict[str, Span | None]:  # fmt: skip
+def read_files(
+    fs: pafs.FileSystem,
+    paths: Iterable[str],
+    columns: Iterable[str] | None = None,
+) -> dict[str, Span | None]:
     """{path: rows or None}, read on a thread pool (pyarrow decodes without holding the GIL). Every BATCH
     files are consolidated into one contiguous table and each file's rows become a slice of it: a table
     per file would cost ~100 KB of schema and column objects for a one-row file (10 GB for 100k files)."""
@@ -176,7 +179,8 @@ def combine(spans: dict[str, Span | None], skipped: set[str] | None = None) -> p
         order += members
     source = pa.DictionaryArray.from_arrays(
         pa.array([i for i, (_, sp) in enumerate(order) for _ in range(sp.length)], pa.int32()),
-        pa.array([p for p, _ in order]))  # fmt: skip
+        pa.array([p for p, _ in order]),
+    )
     return latest_per_key(check_rows(pa.concat_tables(parts).combine_chunks(), source, skipped))
 
 
@@ -198,8 +202,10 @@ def check_rows(table: pa.Table, source: pa.DictionaryArray, skipped: set[str] | 
     ms = table["step_ms"]
     real = pc.and_(pc.is_finite(ms), pc.greater(ms, 0)).fill_null(False)
     possible = pc.or_(pc.invert(pc.equal(table["status"], "ok")), real).fill_null(True)
-    folders = [dict(p.split("=", 1) for p in path.split("/") if p.startswith(("cluster=", "sweep=")))
-               for path in source.dictionary.to_pylist()]  # fmt: skip
+    folders = [
+        dict(p.split("=", 1) for p in path.split("/") if p.startswith(("cluster=", "sweep=")))
+        for path in source.dictionary.to_pylist()
+    ]
     filed = pa.array([True] * table.num_rows, pa.bool_())
     for key, column in (("cluster", "cluster"), ("sweep", "sweep_id")):
         expected = pa.array([f.get(key) for f in folders], pa.string()).take(source.indices)
@@ -209,8 +215,10 @@ def check_rows(table: pa.Table, source: pa.DictionaryArray, skipped: set[str] | 
     if pc.all(keep).as_py():
         return table
     paths = source.dictionary.to_pylist()
-    for mask, why in ((possible, "with an impossible measurement"),
-                      (filed, "whose cluster / sweep_id disagree with its folders")):  # fmt: skip
+    for mask, why in (
+        (possible, "with an impossible measurement"),
+        (filed, "whose cluster / sweep_id disagree with its folders"),
+    ):
         bad = source.indices.filter(pc.invert(mask)).to_pylist()
         for i in sorted(set(bad)):
             log.warning("skipping %d row(s) of %s %s", bad.count(i), paths[i], why)

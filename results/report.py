@@ -24,8 +24,9 @@ th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee;margin:0.5em 0}h2
 RENDER_LOCK = threading.Lock()
 
 
-def figures(rows: pd.DataFrame, algbw_bytes_per_s: float | None = None,
-            calibration: pd.DataFrame | None = None) -> dict[str, Figure]:  # fmt: skip
+def figures(
+    rows: pd.DataFrame, algbw_bytes_per_s: float | None = None, calibration: pd.DataFrame | None = None
+) -> dict[str, Figure]:
     """The report's figures by file stem (only those the rows can support)."""
     out = {}
     if calibration is not None and not calibration.empty:
@@ -51,14 +52,19 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def write_pngs(rows: pd.DataFrame, out_dir: str | Path, algbw_bytes_per_s: float | None = None,
-               calibration: pd.DataFrame | None = None) -> list[Path]:  # fmt: skip
+def write_pngs(
+    rows: pd.DataFrame,
+    out_dir: str | Path,
+    algbw_bytes_per_s: float | None = None,
+    calibration: pd.DataFrame | None = None,
+) -> list[Path]:
     with RENDER_LOCK:
         return _write_pngs(rows, out_dir, algbw_bytes_per_s, calibration)
 
 
-def _write_pngs(rows: pd.DataFrame, out_dir: str | Path, algbw_bytes_per_s: float | None,
-                calibration: pd.DataFrame | None) -> list[Path]:  # fmt: skip
+def _write_pngs(
+    rows: pd.DataFrame, out_dir: str | Path, algbw_bytes_per_s: float | None, calibration: pd.DataFrame | None
+) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -89,8 +95,10 @@ def _with_intervals(df: pd.DataFrame, names: list[str]) -> pd.DataFrame:
         lo, hi = out.get(f"{name}_ci_lo"), out.get(f"{name}_ci_hi")
         if lo is None:
             continue
-        out[name] = [_fmt(v) if pd.isna(a) else f"{_fmt(v)} [{_fmt(a)}, {_fmt(b)}]" for v, a, b in
-                     zip(out[name], lo, hi, strict=True)]  # fmt: skip
+        out[name] = [
+            _fmt(v) if pd.isna(a) else f"{_fmt(v)} [{_fmt(a)}, {_fmt(b)}]"
+            for v, a, b in zip(out[name], lo, hi, strict=True)
+        ]
     return out
 
 
@@ -100,15 +108,40 @@ def calibration_tables(rows: pd.DataFrame, calibration: pd.DataFrame) -> list[st
 
     fits = costmodel.fits(calibration)
     pred = costmodel.predictions(analysis.with_baseline(rows, keep_reps=True), calibration)
-    parts = ["<h2>Calibration: the α–β model per group of ranks</h2>", _table(fits.assign(
-        alpha_us=fits["alpha_ms"] * 1e3), ["cluster", "world_size", "num_nodes", "backend", "alpha_us", "beta_gbps",
-        "max_rel_residual", "n_sizes", "uses"])]  # fmt: skip
+    parts = [
+        "<h2>Calibration: the α–β model per group of ranks</h2>",
+        _table(
+            fits.assign(alpha_us=fits["alpha_ms"] * 1e3),
+            [
+                "cluster",
+                "world_size",
+                "num_nodes",
+                "backend",
+                "alpha_us",
+                "beta_gbps",
+                "max_rel_residual",
+                "n_sizes",
+                "uses",
+            ],
+        ),
+    ]
     if pred.empty:
         return parts
     shown = ["step_ms", "exposed_comm_ms", "measured_over_predicted"]
-    columns = ["cluster", "world_size", "gas", "no_sync", "bucket_cap_mb", "step_ms", "baseline_step_ms",
-               "predicted_allreduce_ms", "no_overlap_bound_ms", "exposed_comm_ms", "measured_over_predicted",
-               "predicted_single_bucket_ms"]  # fmt: skip
+    columns = [
+        "cluster",
+        "world_size",
+        "gas",
+        "no_sync",
+        "bucket_cap_mb",
+        "step_ms",
+        "baseline_step_ms",
+        "predicted_allreduce_ms",
+        "no_overlap_bound_ms",
+        "exposed_comm_ms",
+        "measured_over_predicted",
+        "predicted_single_bucket_ms",
+    ]
     title = "<h2>Measured vs predicted (the sweep's own calibration)</h2>"
     return [*parts, title, _table(_with_intervals(pred, shown), columns)]
 
@@ -117,28 +150,56 @@ def scaling_tables(rows: pd.DataFrame, calibration: pd.DataFrame | None) -> list
     """The scaling section: every (series, topology) with its intervals, busbw and the knee."""
     table = scaling.scaling(rows, calibration)
     knees = table[table["knee"]]
-    note = "".join(f"<p><b>Knee</b> at {html.escape(k.topology)} ({html.escape(k.cluster)}, gas {k.gas}, bucket "
-                   f"{k.bucket_cap_mb:g} MB): {html.escape(k.knee_why)}</p>" for k in knees.itertuples())  # fmt: skip
+    note = "".join(
+        f"<p><b>Knee</b> at {html.escape(k.topology)} ({html.escape(k.cluster)}, gas {k.gas}, bucket "
+        f"{k.bucket_cap_mb:g} MB): {html.escape(k.knee_why)}</p>"
+        for k in knees.itertuples()
+    )
     shown = _with_intervals(table, ["step_ms", "tokens_per_s", "efficiency", "vs_previous"])
-    return ["<h2>Scaling by topology (nodes x workers per node)</h2>", note or "<p>No knee: per-rank throughput "
-            "never fell by 10% or more (its whole interval) from one topology to the next.</p>",
-            _table(shown, ["cluster", "gas", "no_sync", "bucket_cap_mb", "topology", "world_size", "step_ms",
-                           "tokens_per_s", "efficiency", "vs_previous", "comm_share", "busbw_gbps", "knee",
-                           "n_repeats"])]  # fmt: skip
+    return [
+        "<h2>Scaling by topology (nodes x workers per node)</h2>",
+        note
+        or "<p>No knee: per-rank throughput "
+        "never fell by 10% or more (its whole interval) from one topology to the next.</p>",
+        _table(
+            shown,
+            [
+                "cluster",
+                "gas",
+                "no_sync",
+                "bucket_cap_mb",
+                "topology",
+                "world_size",
+                "step_ms",
+                "tokens_per_s",
+                "efficiency",
+                "vs_previous",
+                "comm_share",
+                "busbw_gbps",
+                "knee",
+                "n_repeats",
+            ],
+        ),
+    ]
 
 
-def render_html(rows: pd.DataFrame, title: str, algbw_bytes_per_s: float | None = None,
-                calibration: pd.DataFrame | None = None) -> str:  # fmt: skip
+def render_html(
+    rows: pd.DataFrame, title: str, algbw_bytes_per_s: float | None = None, calibration: pd.DataFrame | None = None
+) -> str:
     """The whole report as one HTML string (the sweep's own calibration used where there is one)."""
     ok = rows[rows["status"] == "ok"]
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-             f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
-             f"<p>{len(rows)} rows ({len(rows) - len(ok)} errors) from clusters "
-             f"{html.escape(', '.join(sorted(rows['cluster'].unique())))}; generated "
-             f"{datetime.now(UTC):%Y-%m-%d %H:%M UTC}.</p>"]  # fmt: skip
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+        f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
+        f"<p>{len(rows)} rows ({len(rows) - len(ok)} errors) from clusters "
+        f"{html.escape(', '.join(sorted(rows['cluster'].unique())))}; generated "
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M UTC}.</p>",
+    ]
     with RENDER_LOCK:
-        images = {stem: base64.b64encode(_png(fig)).decode() for stem, fig in figures(rows, algbw_bytes_per_s,
-                                                                                      calibration).items()}  # fmt: skip
+        images = {
+            stem: base64.b64encode(_png(fig)).decode()
+            for stem, fig in figures(rows, algbw_bytes_per_s, calibration).items()
+        }
     for stem, data in images.items():
         parts.append(f"<h2>{stem.replace('_', ' ')}</h2><img alt='{stem}' src='data:image/png;base64,{data}'>")
     curve = analysis.u_curve(rows)
@@ -147,19 +208,71 @@ def render_html(rows: pd.DataFrame, title: str, algbw_bytes_per_s: float | None 
         "repeats and steps; derived figures computed on each bootstrap replicate.</p>"
     )
     if not curve.empty:
-        curve = curve.assign(indistinguishable_buckets_mb=curve["indistinguishable_buckets_mb"].map(
-            lambda bs: ", ".join(f"{b:g}" for b in bs)))  # fmt: skip
-    parts += ["<h2>Best bucket per curve</h2>", _table(_with_intervals(curve, ["best_step_ms", "best_efficiency",
-              "overlap_saved_ms"]), ["cluster", "world_size", "gas", "no_sync", "best_bucket_cap_mb",
-              "indistinguishable_buckets_mb", "best_step_ms", "best_efficiency", "largest_bucket_step_ms",
-              "overlap_saved_ms", "baseline_step_ms", "n_repeats"])]  # fmt: skip
-    parts += ["<h2>no_sync gain</h2>", _table(_with_intervals(analysis.no_sync_gain(rows), ["saved_ms"]),
-              ["cluster", "world_size", "gas", "bucket_cap_mb", "step_ms_sync", "step_ms_no_sync", "saved_ms",
-               "tokens_per_s_gain"])]  # fmt: skip
+        curve = curve.assign(
+            indistinguishable_buckets_mb=curve["indistinguishable_buckets_mb"].map(
+                lambda bs: ", ".join(f"{b:g}" for b in bs)
+            )
+        )
+    parts += [
+        "<h2>Best bucket per curve</h2>",
+        _table(
+            _with_intervals(curve, ["best_step_ms", "best_efficiency", "overlap_saved_ms"]),
+            [
+                "cluster",
+                "world_size",
+                "gas",
+                "no_sync",
+                "best_bucket_cap_mb",
+                "indistinguishable_buckets_mb",
+                "best_step_ms",
+                "best_efficiency",
+                "largest_bucket_step_ms",
+                "overlap_saved_ms",
+                "baseline_step_ms",
+                "n_repeats",
+            ],
+        ),
+    ]
+    parts += [
+        "<h2>no_sync gain</h2>",
+        _table(
+            _with_intervals(analysis.no_sync_gain(rows), ["saved_ms"]),
+            [
+                "cluster",
+                "world_size",
+                "gas",
+                "bucket_cap_mb",
+                "step_ms_sync",
+                "step_ms_no_sync",
+                "saved_ms",
+                "tokens_per_s_gain",
+            ],
+        ),
+    ]
     cells = _with_intervals(analysis.with_baseline(rows), ["step_ms", "efficiency", "exposed_comm_ms"])
-    parts += ["<h2>All cells</h2>", _table(cells, ["cluster", "sweep_id", "mode", "world_size", "num_nodes",
-              "bucket_cap_mb", "gas", "no_sync", "step_ms", "tokens_per_s", "efficiency", "exposed_comm_ms",
-              "baseline_source", "n_repeats", "n_steps"])]  # fmt: skip
+    parts += [
+        "<h2>All cells</h2>",
+        _table(
+            cells,
+            [
+                "cluster",
+                "sweep_id",
+                "mode",
+                "world_size",
+                "num_nodes",
+                "bucket_cap_mb",
+                "gas",
+                "no_sync",
+                "step_ms",
+                "tokens_per_s",
+                "efficiency",
+                "exposed_comm_ms",
+                "baseline_source",
+                "n_repeats",
+                "n_steps",
+            ],
+        ),
+    ]
     if scaling.topologies(rows) > 1:
         parts += scaling_tables(rows, calibration)
     if calibration is not None and not calibration.empty:

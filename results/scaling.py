@@ -20,8 +20,18 @@ import pandas as pd
 from results import analysis
 from results.uncertainty import interval
 
-SERIES = ["cluster", "sweep_id", "model", "micro_batch", "seq_len", "gas", "no_sync", "bucket_cap_mb",
-          "gradient_as_bucket_view", "backend"]  # fmt: skip
+SERIES = [
+    "cluster",
+    "sweep_id",
+    "model",
+    "micro_batch",
+    "seq_len",
+    "gas",
+    "no_sync",
+    "bucket_cap_mb",
+    "gradient_as_bucket_view",
+    "backend",
+]
 KNEE_DROP = 0.10  # per-rank throughput must fall by at least 10% (the whole interval) to be the knee
 
 
@@ -38,8 +48,9 @@ def _busbw(calibration: pd.DataFrame | None) -> pd.DataFrame:
         return pd.DataFrame(columns=[*keys, "busbw_gbps", "busbw_at_bytes"])
     ar = calibration[calibration["kind"] == "all_reduce"]
     top = ar[ar["size_bytes"] == ar.groupby(keys)["size_bytes"].transform("max")]
-    return top.groupby(keys, as_index=False).agg(busbw_gbps=("busbw_gbps", "median"),
-                                                 busbw_at_bytes=("size_bytes", "max"))  # fmt: skip
+    return top.groupby(keys, as_index=False).agg(
+        busbw_gbps=("busbw_gbps", "median"), busbw_at_bytes=("size_bytes", "max")
+    )
 
 
 def scaling(rows: pd.DataFrame, calibration: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -61,10 +72,31 @@ def scaling(rows: pd.DataFrame, calibration: pd.DataFrame | None = None) -> pd.D
     ddp["knee"], ddp["knee_why"] = False, ""
     for _, grp in ddp.groupby(SERIES, dropna=False, sort=False):
         _flag_knee(ddp, grp)
-    columns = [*SERIES, "topology", "world_size", "num_nodes", "workers_per_node", "step_ms", "step_ms_ci_lo",
-               "step_ms_ci_hi", "tokens_per_s", "tokens_per_s_ci_lo", "tokens_per_s_ci_hi", "efficiency",
-               "efficiency_ci_lo", "efficiency_ci_hi", "vs_previous", "vs_previous_ci_lo", "vs_previous_ci_hi",
-               "comm_share", "busbw_gbps", "busbw_at_bytes", "knee", "knee_why", "n_repeats"]  # fmt: skip
+    columns = [
+        *SERIES,
+        "topology",
+        "world_size",
+        "num_nodes",
+        "workers_per_node",
+        "step_ms",
+        "step_ms_ci_lo",
+        "step_ms_ci_hi",
+        "tokens_per_s",
+        "tokens_per_s_ci_lo",
+        "tokens_per_s_ci_hi",
+        "efficiency",
+        "efficiency_ci_lo",
+        "efficiency_ci_hi",
+        "vs_previous",
+        "vs_previous_ci_lo",
+        "vs_previous_ci_hi",
+        "comm_share",
+        "busbw_gbps",
+        "busbw_at_bytes",
+        "knee",
+        "knee_why",
+        "n_repeats",
+    ]
     return ddp.reindex(columns=columns).reset_index(drop=True)
 
 
@@ -85,8 +117,9 @@ def _flag_knee(table: pd.DataFrame, series: pd.DataFrame) -> None:
             if hi < 1 - KNEE_DROP:
                 crossed = line["num_nodes"] > prev["num_nodes"]
                 where = f"crosses from {prev['num_nodes']} to {line['num_nodes']} node(s)" if crossed else "same nodes"
-                table.loc[idx, "knee_why"] = (f"per-rank throughput x{centre:.2f} [{lo:.2f}, {hi:.2f}] of "
-                                              f"{prev['topology']}'s; {where}")  # fmt: skip
+                table.loc[idx, "knee_why"] = (
+                    f"per-rank throughput x{centre:.2f} [{lo:.2f}, {hi:.2f}] of {prev['topology']}'s; {where}"
+                )
                 drops.append((centre, idx))
         prev = line
     if drops:

@@ -140,29 +140,32 @@ def row_table(row: dict) -> pa.Table:
 
 # The calibration table: all-reduce time by message size on a group's own ranks (and the parameter
 # broadcast), filed beside the cells under the same cluster and sweep.
-CALIBRATION = pa.schema([
-    pa.field("sweep_id", pa.string(), nullable=False),
-    pa.field("cluster", pa.string(), nullable=False),
-    pa.field("group_id", pa.string()),
-    pa.field("world_size", pa.int32()),
-    pa.field("num_nodes", pa.int32()),
-    pa.field("workers_per_node", pa.int32()),
-    pa.field("backend", pa.string()),
-    pa.field("accelerator", pa.string()),
-    pa.field("hosts", pa.list_(pa.string())),
-    pa.field("measured_at", _TS),
-    pa.field("kind", pa.string()),  # all_reduce | broadcast_params
-    pa.field("size_bytes", pa.int64()),  # message bytes (fp32)
-    pa.field("time_ms", pa.float64()),  # median over iters of the slowest rank's time per op
-    pa.field("times_ms", pa.list_(pa.float64())),
-    pa.field("iters", pa.int32()),
-    pa.field("algbw_gbps", pa.float64()),  # size / time
-    pa.field("busbw_gbps", pa.float64()),  # algbw * 2(N-1)/N, as nccl-tests
-])  # fmt: skip
+CALIBRATION = pa.schema(
+    [
+        pa.field("sweep_id", pa.string(), nullable=False),
+        pa.field("cluster", pa.string(), nullable=False),
+        pa.field("group_id", pa.string()),
+        pa.field("world_size", pa.int32()),
+        pa.field("num_nodes", pa.int32()),
+        pa.field("workers_per_node", pa.int32()),
+        pa.field("backend", pa.string()),
+        pa.field("accelerator", pa.string()),
+        pa.field("hosts", pa.list_(pa.string())),
+        pa.field("measured_at", _TS),
+        pa.field("kind", pa.string()),  # all_reduce | broadcast_params
+        pa.field("size_bytes", pa.int64()),  # message bytes (fp32)
+        pa.field("time_ms", pa.float64()),  # median over iters of the slowest rank's time per op
+        pa.field("times_ms", pa.list_(pa.float64())),
+        pa.field("iters", pa.int32()),
+        pa.field("algbw_gbps", pa.float64()),  # size / time
+        pa.field("busbw_gbps", pa.float64()),  # algbw * 2(N-1)/N, as nccl-tests
+    ]
+)
 
 
 def conform_to(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """Cast a table to `schema`: missing columns become null."""
-    columns = [table[f.name].cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
-               for f in schema]  # fmt: skip
+    columns = [
+        table[f.name].cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type) for f in schema
+    ]
     return pa.Table.from_arrays(columns, schema=schema)

@@ -89,8 +89,9 @@ class Store:
         """Write one row atomically (temporary name, then rename). Returns the file's path."""
         table = row_table(row)
         name = f"{require_label('cell', row['cell_id'])}-r{int(row['repeat'])}.parquet"
-        return self.write_atomic(self.sweep_dir(row["cluster"], row["sweep_id"]), name,
-                                  lambda out: pq.write_table(table, out))  # fmt: skip
+        return self.write_atomic(
+            self.sweep_dir(row["cluster"], row["sweep_id"]), name, lambda out: pq.write_table(table, out)
+        )
 
     def write_atomic(self, folder: str, name: str, write) -> str:
         """`write(stream)` into a hidden temporary file, then rename it to `name`: readers never see half."""
@@ -194,8 +195,9 @@ class Store:
                     found.append(FileStat(entry.path, st.st_mtime_ns, st.st_size))
         return found
 
-    def read_table(self, cluster: str | None = None, sweep: str | None = None,
-                   columns: list[str] | None = None) -> pa.Table:  # fmt: skip
+    def read_table(
+        self, cluster: str | None = None, sweep: str | None = None, columns: list[str] | None = None
+    ) -> pa.Table:
         """All rows as one table in SCHEMA (or only `columns`, plus those the reader checks), read in parallel
         (see results.reader for the guarantees)."""
         table = reader.combine(reader.read_files(self.fs, self.files(cluster, sweep), columns))
@@ -234,8 +236,9 @@ def _s3(uri: str) -> tuple[pafs.FileSystem, str]:
         raise ValueError(f"unknown option(s) {', '.join(unknown)}; allowed: {', '.join(S3_OPTIONS)}")
     if "allow_bucket_creation" in options:
         options["allow_bucket_creation"] = options["allow_bucket_creation"].lower() in ("1", "true", "yes")
-    fs = pafs.S3FileSystem(connect_timeout=3, request_timeout=10,
-                           retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2), **options)  # fmt: skip
+    fs = pafs.S3FileSystem(
+        connect_timeout=3, request_timeout=10, retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2), **options
+    )
     return fs, f"{parsed.netloc}{parsed.path}"
 
 

@@ -24,8 +24,22 @@ import pandas as pd
 
 N_BOOT = 2000
 LEVEL = 0.95
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}  # fmt: skip
+_T975 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    12: 2.179,
+    15: 2.131,
+    20: 2.086,
+    30: 2.042,
+}
 _Z975 = 1.959964
 
 
@@ -95,10 +109,17 @@ def cell_replicates(rows: pd.DataFrame, keys: list[str], seed: int = 0) -> pd.Da
         boot = bootstrap_median(reps, rng)
         lo, hi = interval(boot)
         pooled = np.concatenate(reps)
-        lines.append({**dict(zip(keys, key, strict=True)), "step_ms": float(np.median(pooled)),
-                      "step_ms_ci_lo": lo, "step_ms_ci_hi": hi, "n_repeats": len(reps),
-                      "n_steps": int(sum(len(t) for t in grp.get("step_times_ms", []) if t is not None)),
-                      "step_ms_reps": boot})  # fmt: skip
+        lines.append(
+            {
+                **dict(zip(keys, key, strict=True)),
+                "step_ms": float(np.median(pooled)),
+                "step_ms_ci_lo": lo,
+                "step_ms_ci_hi": hi,
+                "n_repeats": len(reps),
+                "n_steps": int(sum(len(t) for t in grp.get("step_times_ms", []) if t is not None)),
+                "step_ms_reps": boot,
+            }
+        )
     return pd.DataFrame(lines)
 
 

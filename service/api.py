@@ -61,8 +61,9 @@ def install_error_handlers(app: FastAPI, settings: ServiceSettings) -> None:
     async def known_error(_: Request, exc: DDPSweepError):
         root = os.path.abspath(os.path.expanduser(settings.results))
         message = query_mod.scrub(getattr(exc, "message", None) or str(exc), settings.results, root)
-        return _error_response(exc.http_status, getattr(exc, "type", type(exc).__name__), message,
-                               getattr(exc, "field", None))  # fmt: skip
+        return _error_response(
+            exc.http_status, getattr(exc, "type", type(exc).__name__), message, getattr(exc, "field", None)
+        )
 
     app.add_exception_handler(DDPSweepError, known_error)  # every error of the tree carries its http_status
 
@@ -138,8 +139,11 @@ def _cached_query(cache: CachedStore, sql: str) -> pd.DataFrame:
 
 def create_app(settings: ServiceSettings) -> FastAPI:
     """The ddpsweep HTTP API (OpenAPI at /openapi.json, interactive docs at /docs)."""
-    app = FastAPI(title="ddpsweep", version="0.1.0",
-                  description="Submit DDP sweeps to a Ray cluster and query their Parquet results.")  # fmt: skip
+    app = FastAPI(
+        title="ddpsweep",
+        version="0.1.0",
+        description="Submit DDP sweeps to a Ray cluster and query their Parquet results.",
+    )
     install_error_handlers(app, settings)
     auth = Depends(require_token(settings))
     # Reads (rows, fingerprints with host names and NCCL settings, logs, the pages) are open on loopback only:
@@ -156,12 +160,17 @@ def add_sweep_routes(app: FastAPI, settings: ServiceSettings, auth, read_auth: l
     @app.post("/sweeps", status_code=201, dependencies=[auth], summary="Submit a sweep (spec as YAML or JSON)")
     async def submit_sweep(request: Request, cluster: str | None = None, results: str | None = None) -> dict:
         if results is not None and results != settings.results:  # the server's root is the only one it writes to
-            raise ApiError(422, "ValidationError", "results: this server writes only to its own --results root; "
-                           "leave the parameter out", "results")  # fmt: skip
+            raise ApiError(
+                422,
+                "ValidationError",
+                "results: this server writes only to its own --results root; leave the parameter out",
+                "results",
+            )
         text = (await read_body(request, settings.max_body_bytes)).decode("utf-8", errors="replace")
         spec = jobs.parse_submission(text)  # 422 naming the field, before anything is submitted
-        sweep_id, job_id = jobs.submit(text, spec, address=settings.address, cluster=_label("cluster", cluster),
-                                       results=settings.results)  # fmt: skip
+        sweep_id, job_id = jobs.submit(
+            text, spec, address=settings.address, cluster=_label("cluster", cluster), results=settings.results
+        )
         return {"sweep_id": sweep_id, "job_id": job_id}
 
     @app.get(
@@ -193,14 +202,23 @@ def add_sweep_routes(app: FastAPI, settings: ServiceSettings, auth, read_auth: l
 def add_result_routes(app: FastAPI, settings: ServiceSettings, cache: CachedStore, auth, read_auth: list) -> None:
     @app.get("/cells", dependencies=read_auth, summary="Result rows, filtered; json, csv or parquet")
     def cells(
-        cluster: str | None = None, sweep: str | None = None, model: str | None = None,
-        world_size: int | None = None, gas: int | None = None, no_sync: bool | None = None,
+        cluster: str | None = None,
+        sweep: str | None = None,
+        model: str | None = None,
+        world_size: int | None = None,
+        gas: int | None = None,
+        no_sync: bool | None = None,
         status: Literal["ok", "error"] | None = None,
         format: Literal["json", "csv", "parquet"] = "json",
-    ) -> Response:  # fmt: skip
+    ) -> Response:
         rows = cache.rows(_label("cluster", cluster), _label("sweep", sweep))
-        for col, value in {"model": model, "world_size": world_size, "gas": gas, "no_sync": no_sync,
-                           "status": status}.items():  # fmt: skip
+        for col, value in {
+            "model": model,
+            "world_size": world_size,
+            "gas": gas,
+            "no_sync": no_sync,
+            "status": status,
+        }.items():
             if value is not None:
                 rows = rows[rows[col] == value]
         return _frame_response(rows.reset_index(drop=True), format)
@@ -245,12 +263,20 @@ def add_dashboard_routes(app: FastAPI, settings: ServiceSettings, cache: CachedS
     def sweeps_json() -> Response:
         return Response(dashboard.sweeps_json(cache, settings.address), media_type="application/json")
 
-    @app.get("/ui/sweep/{cluster}/{sweep}", response_class=HTMLResponse, dependencies=read_auth,
-             summary="Dashboard: one sweep")  # fmt: skip
+    @app.get(
+        "/ui/sweep/{cluster}/{sweep}",
+        response_class=HTMLResponse,
+        dependencies=read_auth,
+        summary="Dashboard: one sweep",
+    )
     def sweep_page(cluster: str, sweep: str) -> str:
         return dashboard.sweep_page(cache, _label("cluster", cluster), _label("sweep", sweep))
 
-    @app.get("/ui/compare", response_class=HTMLResponse, dependencies=read_auth,
-             summary="Dashboard: two clusters or two sweeps")  # fmt: skip
+    @app.get(
+        "/ui/compare",
+        response_class=HTMLResponse,
+        dependencies=read_auth,
+        summary="Dashboard: two clusters or two sweeps",
+    )
     def compare_page(a: str | None = None, b: str | None = None, by: Literal["cluster", "sweep"] = "cluster") -> str:
         return dashboard.compare_page(cache, _label("a", a), _label("b", b), by)

@@ -11,8 +11,12 @@ import typer
 
 from trainers.errors import ConfigError, DDPSweepError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Sweep PyTorch DDP communication settings on Ray; query the Parquet results.")  # fmt: skip
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Sweep PyTorch DDP communication settings on Ray; query the Parquet results.",
+)
 
 
 @app.callback()
@@ -53,11 +57,18 @@ def run(
             typer.echo(cells_table(plan.cells, plan.spec.repeats, plan.spec.isolation))
             return
         os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # Ctrl-C interrupts the sweep (below), not just Tune
-        typer.echo(f"sweep {plan.sweep_id}: {len(plan.todo)} of {plan.planned} measurements to run "
-                   f"in {len(plan.groups())} worker group(s) -> {plan.store.uri}")  # fmt: skip
+        typer.echo(
+            f"sweep {plan.sweep_id}: {len(plan.todo)} of {plan.planned} measurements to run "
+            f"in {len(plan.groups())} worker group(s) -> {plan.store.uri}"
+        )
         with progress_printer(len(plan.todo)) as progress:
-            outcome = runner.execute(plan, address=address, verbose=verbose, progress=progress,
-                                     notice=lambda message: typer.echo(f"warning: {message}", err=True))  # fmt: skip
+            outcome = runner.execute(
+                plan,
+                address=address,
+                verbose=verbose,
+                progress=progress,
+                notice=lambda message: typer.echo(f"warning: {message}", err=True),
+            )
     except DDPSweepError as e:
         raise fail(str(e)) from None
     except KeyboardInterrupt:
@@ -93,8 +104,9 @@ def _print_summary(outcome, summary_text) -> None:
     rows = load(outcome.results, cluster=outcome.cluster, sweep=outcome.sweep_id)
     errors = int((rows["status"] == "error").sum())
     typer.echo("\n" + summary_text(rows))
-    typer.echo(f"\n{len(rows)} rows ({errors} errors) in {outcome.results} "
-               f"cluster={outcome.cluster} sweep={outcome.sweep_id}")  # fmt: skip
+    typer.echo(
+        f"\n{len(rows)} rows ({errors} errors) in {outcome.results} cluster={outcome.cluster} sweep={outcome.sweep_id}"
+    )
 
 
 @app.command()
@@ -124,8 +136,10 @@ def calibrate(
         raise fail(str(e)) from None
     for f in fits.itertuples():
         fit = f"alpha {f.alpha_ms * 1e3:.0f} us, beta {f.beta_gbps:.2f} GB/s algbw"
-        typer.echo(f"{f.world_size} ranks on {f.num_nodes} node(s), {f.backend}: {fit}, "
-                   f"max residual {f.max_rel_residual:.0%} (uses the {f.uses})")  # fmt: skip
+        typer.echo(
+            f"{f.world_size} ranks on {f.num_nodes} node(s), {f.backend}: {fit}, "
+            f"max residual {f.max_rel_residual:.0%} (uses the {f.uses})"
+        )
     typer.echo(f"\nrows: ddpsweep query \"select * from calibration where sweep_id = '{plan.sweep_id}'\"")
 
 
@@ -245,14 +259,33 @@ def scaling(
         raise fail(str(e)) from None
     if table.empty:
         raise fail("no ok DDP rows to scale: run a sweep with a topology axis (e.g. topology: [1x1, 1x2, 2x1])")
-    shown = ["cluster", "gas", "no_sync", "bucket_cap_mb", "topology", "step_ms", "tokens_per_s",
-             "tokens_per_s_ci_lo", "tokens_per_s_ci_hi", "efficiency", "efficiency_ci_lo", "efficiency_ci_hi",
-             "vs_previous", "vs_previous_ci_lo", "vs_previous_ci_hi", "comm_share", "busbw_gbps", "knee"]  # fmt: skip
+    shown = [
+        "cluster",
+        "gas",
+        "no_sync",
+        "bucket_cap_mb",
+        "topology",
+        "step_ms",
+        "tokens_per_s",
+        "tokens_per_s_ci_lo",
+        "tokens_per_s_ci_hi",
+        "efficiency",
+        "efficiency_ci_lo",
+        "efficiency_ci_hi",
+        "vs_previous",
+        "vs_previous_ci_lo",
+        "vs_previous_ci_hi",
+        "comm_share",
+        "busbw_gbps",
+        "knee",
+    ]
     typer.echo(render(table[shown], fmt))
     for k in table[table["knee_why"] != ""].itertuples():
         what = "knee" if k.knee else "drop"  # every significant drop is named; the knee is the steepest
-        typer.echo(f"{what}: {k.cluster} gas={k.gas} bucket={k.bucket_cap_mb:g} MB at {k.topology}: {k.knee_why}",
-                   err=fmt != "table")  # fmt: skip
+        typer.echo(
+            f"{what}: {k.cluster} gas={k.gas} bucket={k.bucket_cap_mb:g} MB at {k.topology}: {k.knee_why}",
+            err=fmt != "table",
+        )
 
 
 @app.command()
@@ -327,8 +360,10 @@ def status(
     if not found:
         typer.echo("no sweeps on this cluster")
     for s in found:
-        typer.echo(f"{s.sweep_id}  {s.state:<9}  cells {s.written}/{s.planned}  errors {s.errors}  "
-                   f"cluster={s.cluster}  {s.results}")  # fmt: skip
+        typer.echo(
+            f"{s.sweep_id}  {s.state:<9}  cells {s.written}/{s.planned}  errors {s.errors}  "
+            f"cluster={s.cluster}  {s.results}"
+        )
 
 
 @app.command()
@@ -395,8 +430,9 @@ def serve(
 
         token = secrets.token_urlsafe(24)
         typer.echo(f"no token given: this server's bearer token is {token}", err=True)
-    settings = ServiceSettings(address=address, results=results, token=token,
-                               public_reads=is_loopback(f"http://{host}"))  # fmt: skip
+    settings = ServiceSettings(
+        address=address, results=results, token=token, public_reads=is_loopback(f"http://{host}")
+    )
     uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
 
 

@@ -31,10 +31,12 @@ th{background:#f4f4f4}td.l,th.l{text-align:left}nav a{margin-right:1em}.charts{d
 
 
 def page(title: str, body: str, script: str = "") -> str:
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{STYLE}</style></head><body><nav><a href='/'>sweeps</a><a href='/ui/compare'>compare</a>"
-            f"<a href='/docs'>API</a></nav><h1>{html.escape(title)}</h1>{body}"
-            f"{'<script>' + script + '</script>' if script else ''}</body></html>")  # fmt: skip
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{STYLE}</style></head><body><nav><a href='/'>sweeps</a><a href='/ui/compare'>compare</a>"
+        f"<a href='/docs'>API</a></nav><h1>{html.escape(title)}</h1>{body}"
+        f"{'<script>' + script + '</script>' if script else ''}</body></html>"
+    )
 
 
 def sweeps(cache: CachedStore, address: str | None) -> list[dict]:
@@ -48,14 +50,33 @@ def sweeps(cache: CachedStore, address: str | None) -> list[dict]:
         job = remote.get(sweep)
         state = job.state if job else ("RUNNING (this machine)" if sweep in running_here else "")
         written, planned = len(g), int(manifest.get("planned", 0)) if manifest else 0
-        out.append({"cluster": cluster, "sweep_id": sweep, "spec_name": str(g["spec_name"].iloc[0]),
-                    "started": str(g["started_at"].min())[:19], "state": state or ("done" if written >= planned
-                    else "partial"), "written": written, "planned": planned,
-                    "errors": int((g["status"] == "error").sum())})  # fmt: skip
+        out.append(
+            {
+                "cluster": cluster,
+                "sweep_id": sweep,
+                "spec_name": str(g["spec_name"].iloc[0]),
+                "started": str(g["started_at"].min())[:19],
+                "state": state or ("done" if written >= planned else "partial"),
+                "written": written,
+                "planned": planned,
+                "errors": int((g["status"] == "error").sum()),
+            }
+        )
     known = {s["sweep_id"] for s in out}
-    out += [{"cluster": j.cluster, "sweep_id": j.sweep_id, "spec_name": "", "started": "", "state": j.state,
-             "written": 0, "planned": j.planned, "errors": 0}
-            for j in remote.values() if j.sweep_id not in known]  # fmt: skip
+    out += [
+        {
+            "cluster": j.cluster,
+            "sweep_id": j.sweep_id,
+            "spec_name": "",
+            "started": "",
+            "state": j.state,
+            "written": 0,
+            "planned": j.planned,
+            "errors": 0,
+        }
+        for j in remote.values()
+        if j.sweep_id not in known
+    ]
     return sorted(out, key=lambda s: s["started"], reverse=True)
 
 
@@ -85,9 +106,11 @@ refresh(); setInterval(refresh, 2000);
 
 def sweeps_page() -> str:
     head = "".join(f"<th class=l>{h}</th>" for h in ("cluster", "sweep", "spec", "started", "state"))
-    body = (f"<p>Every sweep in the results store; updated <span id='updated'>…</span>.</p>"
-            f"<table><thead><tr>{head}<th>written / planned</th><th>errors</th></tr></thead>"
-            f"<tbody id='sweeps'></tbody></table>")  # fmt: skip
+    body = (
+        f"<p>Every sweep in the results store; updated <span id='updated'>…</span>.</p>"
+        f"<table><thead><tr>{head}<th>written / planned</th><th>errors</th></tr></thead>"
+        f"<tbody id='sweeps'></tbody></table>"
+    )
     return page("ddpsweep sweeps", body, SWEEPS_SCRIPT)
 
 
@@ -107,29 +130,60 @@ def curve_series(cells: pd.DataFrame, y: str, label: str = "") -> list[Series]:
 
 
 def _points(frame: pd.DataFrame, x: str, y: str) -> list[Point]:
-    return [Point(float(r[x]), float(r[y]), _finite(r.get(f"{y}_ci_lo")), _finite(r.get(f"{y}_ci_hi")))
-            for _, r in frame.iterrows() if _finite(r[y]) is not None]  # fmt: skip
+    return [
+        Point(float(r[x]), float(r[y]), _finite(r.get(f"{y}_ci_lo")), _finite(r.get(f"{y}_ci_hi")))
+        for _, r in frame.iterrows()
+        if _finite(r[y]) is not None
+    ]
 
 
 def scaling_section(rows: pd.DataFrame, calibration: pd.DataFrame) -> list[str]:
     """Efficiency vs world size, a line per placement line (one node / W per node), and the knee table."""
     table = scaling.scaling(rows, calibration)
-    series = [Series(f"gas={k[0]}{' no_sync' if k[1] else ''} {k[2]:g}MB {label}", _points(line, "world_size",
-                                                                                      "efficiency"))
-              for k, grp in table.groupby(["gas", "no_sync", "bucket_cap_mb"])
-              for label, line in scaling.lines(grp).items()]  # fmt: skip
-    chart = line_chart(series, title="strong-scaling efficiency by topology", log_x=True, x_label="world size",
-                       y_label="efficiency", chart_id="scaling")  # fmt: skip
-    return ["<h2>Scaling by topology</h2>", chart, _table(table, ["gas", "no_sync", "bucket_cap_mb", "topology",
-            "step_ms", "tokens_per_s", "efficiency", "vs_previous", "vs_previous_ci_lo", "vs_previous_ci_hi",
-            "busbw_gbps", "knee", "knee_why"], "scaling_table")]  # fmt: skip
+    series = [
+        Series(f"gas={k[0]}{' no_sync' if k[1] else ''} {k[2]:g}MB {label}", _points(line, "world_size", "efficiency"))
+        for k, grp in table.groupby(["gas", "no_sync", "bucket_cap_mb"])
+        for label, line in scaling.lines(grp).items()
+    ]
+    chart = line_chart(
+        series,
+        title="strong-scaling efficiency by topology",
+        log_x=True,
+        x_label="world size",
+        y_label="efficiency",
+        chart_id="scaling",
+    )
+    return [
+        "<h2>Scaling by topology</h2>",
+        chart,
+        _table(
+            table,
+            [
+                "gas",
+                "no_sync",
+                "bucket_cap_mb",
+                "topology",
+                "step_ms",
+                "tokens_per_s",
+                "efficiency",
+                "vs_previous",
+                "vs_previous_ci_lo",
+                "vs_previous_ci_hi",
+                "busbw_gbps",
+                "knee",
+                "knee_why",
+            ],
+            "scaling_table",
+        ),
+    ]
 
 
 def _table(df: pd.DataFrame, columns: list[str], table_id: str) -> str:
     cols = [c for c in columns if c in df.columns]
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(r[c]))}</td>" for c in cols) + "</tr>"
-                   for _, r in df.iterrows())  # fmt: skip
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_cell(r[c]))}</td>" for c in cols) + "</tr>" for _, r in df.iterrows()
+    )
     return f"<table id='{table_id}'><tr>{head}</tr>{body}</table>"
 
 
@@ -144,33 +198,88 @@ def _cell(v) -> str:
 def sweep_page(cache: CachedStore, cluster: str, sweep: str) -> str:
     rows = cache.rows(cluster, sweep)
     cells = analysis.with_baseline(rows)
-    charts = [line_chart(curve_series(cells, "step_ms"), title="U-curve: step time vs bucket", log_x=True,
-                         x_label="bucket_cap_mb", y_label="step ms (median, 95% interval)", chart_id="u_curve"),
-              line_chart(curve_series(cells, "efficiency"), title="scaling efficiency vs bucket", log_x=True,
-                         x_label="bucket_cap_mb", y_label="efficiency", chart_id="efficiency")]  # fmt: skip
+    charts = [
+        line_chart(
+            curve_series(cells, "step_ms"),
+            title="U-curve: step time vs bucket",
+            log_x=True,
+            x_label="bucket_cap_mb",
+            y_label="step ms (median, 95% interval)",
+            chart_id="u_curve",
+        ),
+        line_chart(
+            curve_series(cells, "efficiency"),
+            title="scaling efficiency vs bucket",
+            log_x=True,
+            x_label="bucket_cap_mb",
+            y_label="efficiency",
+            chart_id="efficiency",
+        ),
+    ]
     gain = analysis.no_sync_gain(rows)
     curve = analysis.u_curve(rows)
     errors = rows[rows["status"] == "error"]
     q = f"cluster={html.escape(cluster)}&amp;sweep={html.escape(sweep)}"
     logs = f"/sweeps/{html.escape(sweep)}/logs"
-    parts = [f"<p>{len(rows)} rows, {len(errors)} errors. Download: <a href='/cells?{q}&amp;format=csv'>CSV</a> · "
-             f"<a href='/cells?{q}&amp;format=parquet'>Parquet</a> · <a href='{logs}'>logs</a>"
-             f" · <a href='/report?{q}'>full report</a></p>", f"<div class='charts'>{''.join(charts)}</div>",
-             "<h2>Best bucket per curve</h2>", _table(curve, ["world_size", "gas", "no_sync", "best_bucket_cap_mb",
-             "indistinguishable_buckets_mb", "best_step_ms", "best_step_ms_ci_lo", "best_step_ms_ci_hi",
-             "best_efficiency"], "best")]  # fmt: skip
+    parts = [
+        f"<p>{len(rows)} rows, {len(errors)} errors. Download: <a href='/cells?{q}&amp;format=csv'>CSV</a> · "
+        f"<a href='/cells?{q}&amp;format=parquet'>Parquet</a> · <a href='{logs}'>logs</a>"
+        f" · <a href='/report?{q}'>full report</a></p>",
+        f"<div class='charts'>{''.join(charts)}</div>",
+        "<h2>Best bucket per curve</h2>",
+        _table(
+            curve,
+            [
+                "world_size",
+                "gas",
+                "no_sync",
+                "best_bucket_cap_mb",
+                "indistinguishable_buckets_mb",
+                "best_step_ms",
+                "best_step_ms_ci_lo",
+                "best_step_ms_ci_hi",
+                "best_efficiency",
+            ],
+            "best",
+        ),
+    ]
     cal = cache.calibration(cluster, sweep)
     if scaling.topologies(rows) > 1:
         parts += scaling_section(rows, cal)
     if not gain.empty:
-        parts += ["<h2>no_sync gain</h2>", _table(gain, ["world_size", "gas", "bucket_cap_mb", "step_ms_sync",
-                  "step_ms_no_sync", "saved_ms", "saved_ms_ci_lo", "saved_ms_ci_hi"], "no_sync")]  # fmt: skip
+        parts += [
+            "<h2>no_sync gain</h2>",
+            _table(
+                gain,
+                [
+                    "world_size",
+                    "gas",
+                    "bucket_cap_mb",
+                    "step_ms_sync",
+                    "step_ms_no_sync",
+                    "saved_ms",
+                    "saved_ms_ci_lo",
+                    "saved_ms_ci_hi",
+                ],
+                "no_sync",
+            ),
+        ]
     if not cal.empty:
         ar = cal[cal["kind"] == "all_reduce"]
-        pts = [Series(f"{n}x{w // n}", [Point(r["size_bytes"] / 2**20, r["busbw_gbps"]) for _, r in g.iterrows()])
-               for (w, n), g in ar.groupby(["world_size", "num_nodes"])]  # fmt: skip
-        parts.append(line_chart(pts, title="calibration: all-reduce bus bandwidth", log_x=True,
-                                x_label="message MiB", y_label="busbw GB/s", chart_id="calibration"))  # fmt: skip
+        pts = [
+            Series(f"{n}x{w // n}", [Point(r["size_bytes"] / 2**20, r["busbw_gbps"]) for _, r in g.iterrows()])
+            for (w, n), g in ar.groupby(["world_size", "num_nodes"])
+        ]
+        parts.append(
+            line_chart(
+                pts,
+                title="calibration: all-reduce bus bandwidth",
+                log_x=True,
+                x_label="message MiB",
+                y_label="busbw GB/s",
+                chart_id="calibration",
+            )
+        )
     if not errors.empty:
         parts += ["<h2>Errors</h2>", _table(errors, ["cell_id", "repeat", "mode", "bucket_cap_mb", "error"], "errors")]
     return page(f"sweep {sweep} on {cluster}", "".join(parts))
@@ -185,21 +294,47 @@ def compare_page(cache: CachedStore, a: str | None, b: str | None, by: str = "cl
         return "".join(f"<option{' selected' if c == chosen else ''}>{html.escape(c)}</option>" for c in labels)
 
     other = "sweep" if by == "cluster" else "cluster"
-    form = (f"<form method='get'><input type='hidden' name='by' value='{by}'>{by} A <select name='a'>{options(a)}"
-            f"</select> {by} B <select name='b'>{options(b)}</select> <button>compare</button> "
-            f"<a href='/ui/compare?by={other}'>compare two {other}s instead</a></form>")  # fmt: skip
+    form = (
+        f"<form method='get'><input type='hidden' name='by' value='{by}'>{by} A <select name='a'>{options(a)}"
+        f"</select> {by} B <select name='b'>{options(b)}</select> <button>compare</button> "
+        f"<a href='/ui/compare?by={other}'>compare two {other}s instead</a></form>"
+    )
     if not a or not b:
         return page(f"compare two {by}s", form)
-    picked = [cache.rows(a) if by == "cluster" else cache.rows(sweep=a).assign(cluster=a),
-              cache.rows(b) if by == "cluster" else cache.rows(sweep=b).assign(cluster=b)]  # fmt: skip
+    picked = [
+        cache.rows(a) if by == "cluster" else cache.rows(sweep=a).assign(cluster=a),
+        cache.rows(b) if by == "cluster" else cache.rows(sweep=b).assign(cluster=b),
+    ]
     rows = pd.concat(picked, ignore_index=True)
     cells = analysis.with_baseline(rows)
     series = [s for c in (a, b) for s in curve_series(cells[cells["cluster"] == c], "step_ms", f"{c}: ")]
-    chart = line_chart(series, title=f"U-curves: {a} vs {b}", log_x=True, x_label="bucket_cap_mb",
-                       y_label="step ms (median, 95% interval)", chart_id="compare_curves")  # fmt: skip
-    table = _table(compare_mod.compare(rows, a, b), ["mode", "world_size", "gas", "no_sync", "bucket_cap_mb",
-                   f"step_ms_{a}", f"step_ms_{b}", "ratio", "ratio_ci_lo", "ratio_ci_hi", "verdict", "comparable",
-                   "why"], "comparison")  # fmt: skip
+    chart = line_chart(
+        series,
+        title=f"U-curves: {a} vs {b}",
+        log_x=True,
+        x_label="bucket_cap_mb",
+        y_label="step ms (median, 95% interval)",
+        chart_id="compare_curves",
+    )
+    table = _table(
+        compare_mod.compare(rows, a, b),
+        [
+            "mode",
+            "world_size",
+            "gas",
+            "no_sync",
+            "bucket_cap_mb",
+            f"step_ms_{a}",
+            f"step_ms_{b}",
+            "ratio",
+            "ratio_ci_lo",
+            "ratio_ci_hi",
+            "verdict",
+            "comparable",
+            "why",
+        ],
+        "comparison",
+    )
     return page(f"compare {a} vs {b}", form + chart + "<h2>Cell by cell (b / a)</h2>" + table)
 
 

@@ -18,8 +18,17 @@ from trainers.errors import DDPSweepError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SPEC_ENV = "DDPSWEEP_SPEC_YAML"  # the spec travels to the job in its runtime_env
-EXCLUDES = [".git", ".venv", "**/__pycache__", ".pytest_cache", ".ruff_cache", "*.egg-info", "build",
-            "ddpsweep-results", "benchmarks/out"]  # fmt: skip
+EXCLUDES = [
+    ".git",
+    ".venv",
+    "**/__pycache__",
+    ".pytest_cache",
+    ".ruff_cache",
+    "*.egg-info",
+    "build",
+    "ddpsweep-results",
+    "benchmarks/out",
+]
 
 
 class JobsError(DDPSweepError):
@@ -87,8 +96,10 @@ def client(address: str | None):
                 return super()._do_request(method, endpoint, **kwargs)
             except requests.exceptions.Timeout:
                 limits = f"{CONNECT_TIMEOUT_S:g} s to connect / {READ_TIMEOUT_S:g} s to reply"
-                raise JobsError(f"the Ray job server at {addr} did not answer within {limits}: "
-                                "is --address the dashboard (port 8265)?") from None  # fmt: skip
+                raise JobsError(
+                    f"the Ray job server at {addr} did not answer within {limits}: "
+                    "is --address the dashboard (port 8265)?"
+                ) from None
             except requests.exceptions.ConnectionError as e:
                 raise JobsError(f"cannot reach the Ray job server at {addr}: {type(e).__name__}") from None
 
@@ -110,8 +121,9 @@ def check_results_reachable(address: str, results: str) -> None:
         raise SpecError("results", results, allowed)
 
 
-def submit(spec_yaml: str, spec: SweepSpec, *, address: str | None, cluster: str | None = None,
-           results: str | None = None) -> tuple[str, str]:  # fmt: skip
+def submit(
+    spec_yaml: str, spec: SweepSpec, *, address: str | None, cluster: str | None = None, results: str | None = None
+) -> tuple[str, str]:
     """Submit `ddpsweep run` as a Ray Job. Returns (sweep_id, job_id)."""
     addr = resolve_address(address)
     results = results or spec.results
@@ -121,14 +133,31 @@ def submit(spec_yaml: str, spec: SweepSpec, *, address: str | None, cluster: str
     if "://" not in results:
         results = str(Path(results).expanduser().resolve())
     sweep_id = new_sweep_id(spec.name)
-    entrypoint = shlex.join(["python", "-m", "service.cli", "run", f"env:{SPEC_ENV}", "--results", results,
-                             "--cluster", cluster, "--sweep-id", sweep_id])  # fmt: skip
-    runtime_env = {"working_dir": str(PROJECT_ROOT), "excludes": EXCLUDES,
-                   "env_vars": {SPEC_ENV: spec_yaml, **{k: str(v) for k, v in spec.env.items()}}}  # fmt: skip
+    entrypoint = shlex.join(
+        [
+            "python",
+            "-m",
+            "service.cli",
+            "run",
+            f"env:{SPEC_ENV}",
+            "--results",
+            results,
+            "--cluster",
+            cluster,
+            "--sweep-id",
+            sweep_id,
+        ]
+    )
+    runtime_env = {
+        "working_dir": str(PROJECT_ROOT),
+        "excludes": EXCLUDES,
+        "env_vars": {SPEC_ENV: spec_yaml, **{k: str(v) for k, v in spec.env.items()}},
+    }
     metadata = {"ddpsweep": "1", "cluster": cluster, "results": results, "spec_name": spec.name}
     try:
-        job_id = client(addr).submit_job(entrypoint=entrypoint, submission_id=sweep_id, runtime_env=runtime_env,
-                                         metadata=metadata)  # fmt: skip
+        job_id = client(addr).submit_job(
+            entrypoint=entrypoint, submission_id=sweep_id, runtime_env=runtime_env, metadata=metadata
+        )
     except JobsError:
         raise
     except Exception as e:  # noqa: BLE001
@@ -159,10 +188,17 @@ def _counts(cluster: str, sweep_id: str, results: str) -> tuple[int, int, int]:
 def _status(info) -> SweepStatus:
     meta = info.metadata or {}
     planned, written, errors = _counts(meta.get("cluster", ""), info.submission_id, meta.get("results", ""))
-    return SweepStatus(sweep_id=info.submission_id, job_id=info.job_id or info.submission_id,
-                       state=str(info.status.value if hasattr(info.status, "value") else info.status),
-                       cluster=meta.get("cluster", ""), results=meta.get("results", ""), planned=planned,
-                       written=written, errors=errors, message=info.message or "")  # fmt: skip
+    return SweepStatus(
+        sweep_id=info.submission_id,
+        job_id=info.job_id or info.submission_id,
+        state=str(info.status.value if hasattr(info.status, "value") else info.status),
+        cluster=meta.get("cluster", ""),
+        results=meta.get("results", ""),
+        planned=planned,
+        written=written,
+        errors=errors,
+        message=info.message or "",
+    )
 
 
 def status(address: str | None, sweep_id: str | None = None) -> list[SweepStatus]:

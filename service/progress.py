@@ -63,8 +63,9 @@ class _LiveOutput:
 class SweepProgress(_LiveOutput):
     """A progress callback (`progress(row)`) that is also a context manager around the sweep."""
 
-    def __init__(self, total: int, line: Callable[[dict, int, int], str], stream: TextIO | None = None,
-                 live: bool | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, total: int, line: Callable[[dict, int, int], str], stream: TextIO | None = None, live: bool | None = None
+    ) -> None:
         super().__init__(stream, live, "starting worker groups…", total)
         self.total, self.line, self.done = total, line, 0
 
@@ -76,9 +77,19 @@ class SweepProgress(_LiveOutput):
 
 
 def _bar(console: Console) -> Progress:
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("errors {task.fields[errors]}"), TimeElapsedColumn(), TextColumn("left"),
-                    TimeRemainingColumn(), console=console, refresh_per_second=4, transient=False)  # fmt: skip
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("errors {task.fields[errors]}"),
+        TimeElapsedColumn(),
+        TextColumn("left"),
+        TimeRemainingColumn(),
+        console=console,
+        refresh_per_second=4,
+        transient=False,
+    )
 
 
 class LogProgress(_LiveOutput):

@@ -78,8 +78,15 @@ def _interfaces(node_ip: str) -> list[dict]:
             continue
         ips = [a.address for a in addrs.get(name, []) if a.family.name == "AF_INET"]
         speed = _read(f"/sys/class/net/{name}/speed")
-        out.append({"name": name, "speed_mbps": int(speed) if speed.lstrip("-").isdigit() and int(speed) > 0 else None,
-                    "mtu": st.mtu, "ipv4": ips, "node_ip": node_ip in ips})  # fmt: skip
+        out.append(
+            {
+                "name": name,
+                "speed_mbps": int(speed) if speed.lstrip("-").isdigit() and int(speed) > 0 else None,
+                "mtu": st.mtu,
+                "ipv4": ips,
+                "node_ip": node_ip in ips,
+            }
+        )
     return out
 
 
@@ -89,8 +96,15 @@ def _infiniband() -> list[dict]:
     for dev in sorted(os.listdir(root)) if os.path.isdir(root) else []:
         for port in sorted(os.listdir(f"{root}/{dev}/ports")) if os.path.isdir(f"{root}/{dev}/ports") else []:
             base = f"{root}/{dev}/ports/{port}"
-            out.append({"device": dev, "port": port, "state": _read(f"{base}/state"), "rate": _read(f"{base}/rate"),
-                        "link_layer": _read(f"{base}/link_layer")})  # fmt: skip
+            out.append(
+                {
+                    "device": dev,
+                    "port": port,
+                    "state": _read(f"{base}/state"),
+                    "rate": _read(f"{base}/rate"),
+                    "link_layer": _read(f"{base}/link_layer"),
+                }
+            )
     return out
 
 
@@ -99,8 +113,14 @@ def network(node_ip: str) -> dict:
     variables in force, GPUs and the `nvidia-smi topo -m` matrix where present."""
     env = {k: v for k, v in sorted(os.environ.items()) if k in SOCKET_ENV or k.startswith("NCCL_IB_")}
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return {"node_ip": node_ip, "interfaces": _interfaces(node_ip), "infiniband": _infiniband(), "env": env,
-            "gpus": gpus, "gpu_topology": _run(["nvidia-smi", "topo", "-m"]) if gpus else ""}  # fmt: skip
+    return {
+        "node_ip": node_ip,
+        "interfaces": _interfaces(node_ip),
+        "infiniband": _infiniband(),
+        "env": env,
+        "gpus": gpus,
+        "gpu_topology": _run(["nvidia-smi", "topo", "-m"]) if gpus else "",
+    }
 
 
 def collect(device: torch.device) -> dict:

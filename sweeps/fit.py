@@ -32,7 +32,7 @@ def build_trainer(group: Group, opts: TrialOptions, outbox: Queue) -> TorchTrain
             use_gpu=opts.use_gpu,
             resources_per_worker=resources,
             placement_strategy=placement_for(cell, opts.placement),
-        ),  # fmt: skip
+        ),
         torch_config=TorchConfig(backend=opts.backend, timeout_s=int(opts.collective_timeout_s)),
         run_config=RunConfig(
             name=f"{opts.sweep_id}-{group.group_id}",

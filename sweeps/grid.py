@@ -45,8 +45,7 @@ class Cell:
         first stored it, so ids of stored sweeps stay valid: fields added since join it only when they
         differ from their defaults.
         """
-        flat = asdict(self.step) | {"world_size": self.world_size, "num_nodes": self.num_nodes,
-                                    "backend": self.backend}  # fmt: skip
+        flat = asdict(self.step) | {"world_size": self.world_size, "num_nodes": self.num_nodes, "backend": self.backend}
         for name in ADDED_LATER:
             if flat[name] == getattr(StepConfig, name):
                 del flat[name]
@@ -66,44 +65,84 @@ class Cell:
         """What shapes a worker group: cells with the same key can share one (and its template model).
         Baselines always form their own group, also beside DDP cells at world size 1."""
         s = self.step
-        return (s.mode == "single", self.world_size, self.num_nodes, self.backend, s.model, s.micro_batch,
-                s.seq_len, s.seed)  # fmt: skip
+        return (
+            s.mode == "single",
+            self.world_size,
+            self.num_nodes,
+            self.backend,
+            s.model,
+            s.micro_batch,
+            s.seq_len,
+            s.seed,
+        )
 
     def to_dict(self) -> dict:
-        return {"step": asdict(self.step), "world_size": self.world_size, "num_nodes": self.num_nodes,
-                "backend": self.backend}  # fmt: skip
+        return {
+            "step": asdict(self.step),
+            "world_size": self.world_size,
+            "num_nodes": self.num_nodes,
+            "backend": self.backend,
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> Cell:
-        return cls(step=StepConfig(**data["step"]), world_size=data["world_size"], num_nodes=data["num_nodes"],
-                   backend=data["backend"])  # fmt: skip
+        return cls(
+            step=StepConfig(**data["step"]),
+            world_size=data["world_size"],
+            num_nodes=data["num_nodes"],
+            backend=data["backend"],
+        )
 
 
 def _timing(spec: SweepSpec) -> dict:
     """The step's timing fields: fixed `timed_steps`, or adaptive (`auto`) in batches of AUTO_BATCH."""
     if spec.timed_steps != "auto":
         return {"timed_steps": spec.timed_steps}
-    return {"timed_steps": AUTO_BATCH, "target_rel_ci": spec.target_rel_ci, "max_timed_steps": spec.max_timed_steps,
-            "max_cell_s": spec.max_cell_s}  # fmt: skip
+    return {
+        "timed_steps": AUTO_BATCH,
+        "target_rel_ci": spec.target_rel_ci,
+        "max_timed_steps": spec.max_timed_steps,
+        "max_cell_s": spec.max_cell_s,
+    }
 
 
 AUTO_BATCH = 10  # adaptive timing: the first batch of timed steps, and every further one
 
 
 def _cell(spec: SweepSpec, *, mode: str, gas: int, world_size: int = 1, num_nodes: int = 1, **step) -> Cell:
-    cfg = StepConfig(model=spec.model, mode=mode, micro_batch=spec.micro_batch, seq_len=spec.seq_len, gas=gas,
-                     warmup_steps=spec.warmup_steps, trace_comm=spec.trace_comm, **_timing(spec), **step)  # fmt: skip
+    cfg = StepConfig(
+        model=spec.model,
+        mode=mode,
+        micro_batch=spec.micro_batch,
+        seq_len=spec.seq_len,
+        gas=gas,
+        warmup_steps=spec.warmup_steps,
+        trace_comm=spec.trace_comm,
+        **_timing(spec),
+        **step,
+    )
     return Cell(step=cfg, world_size=world_size, num_nodes=num_nodes, backend=spec.backend)
 
 
 def expand(spec: SweepSpec) -> list[Cell]:
     """Baselines first (one per gas), then the DDP grid; duplicates (e.g. no_sync at gas 1) dropped."""
     cells = [_cell(spec, mode="single", gas=g) for g in sorted(spec.gas)]
-    axes = product(spec.placements(), spec.modes, spec.gas, spec.no_sync, spec.gradient_as_bucket_view,
-                   spec.bucket_cap_mb)  # fmt: skip
+    axes = product(
+        spec.placements(), spec.modes, spec.gas, spec.no_sync, spec.gradient_as_bucket_view, spec.bucket_cap_mb
+    )
     for (w, n), mode, g, ns, gv, b in axes:
-        cells.append(_cell(spec, mode=mode, world_size=w, num_nodes=n, gas=g, no_sync=ns,
-                           gradient_as_bucket_view=gv, bucket_cap_mb=float(b)))  # fmt: skip
+        cells.append(
+            _cell(
+                spec,
+                mode=mode,
+                world_size=w,
+                num_nodes=n,
+                gas=g,
+                no_sync=ns,
+                gradient_as_bucket_view=gv,
+                bucket_cap_mb=float(b),
+            )
+        )
     seen: dict[str, Cell] = {}
     for c in cells:
         seen.setdefault(c.cell_id, c)
@@ -142,18 +181,34 @@ class Group:
         return replace(self, group_id=f"{self.group_id}-replan", slots=left) if left else None
 
     def to_dict(self) -> dict:
-        slots = [{"cell": s.cell.to_dict(), "repeat": s.repeat, "round": s.round, "order": s.order_in_round}
-                 for s in self.slots]  # fmt: skip
-        return {"group_id": self.group_id, "isolation": self.isolation, "order_seed": self.order_seed,
-                "slots": slots, "calibrate": self.calibrate, "shape": self.first.to_dict()}  # fmt: skip
+        slots = [
+            {"cell": s.cell.to_dict(), "repeat": s.repeat, "round": s.round, "order": s.order_in_round}
+            for s in self.slots
+        ]
+        return {
+            "group_id": self.group_id,
+            "isolation": self.isolation,
+            "order_seed": self.order_seed,
+            "slots": slots,
+            "calibrate": self.calibrate,
+            "shape": self.first.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> Group:
-        slots = tuple(Slot(cell=Cell.from_dict(s["cell"]), repeat=s["repeat"], round=s["round"],
-                           order_in_round=s["order"]) for s in data["slots"])  # fmt: skip
+        slots = tuple(
+            Slot(cell=Cell.from_dict(s["cell"]), repeat=s["repeat"], round=s["round"], order_in_round=s["order"])
+            for s in data["slots"]
+        )
         shape = Cell.from_dict(data["shape"])
-        return cls(group_id=data["group_id"], isolation=data["isolation"], order_seed=data["order_seed"],
-                   slots=slots, calibrate=data.get("calibrate", False), shape=shape)  # fmt: skip
+        return cls(
+            group_id=data["group_id"],
+            isolation=data["isolation"],
+            order_seed=data["order_seed"],
+            slots=slots,
+            calibrate=data.get("calibrate", False),
+            shape=shape,
+        )
 
 
 def _rounds(pairs: list[tuple[Cell, int]], seed: int) -> list[Slot]:
@@ -169,8 +224,9 @@ def _rounds(pairs: list[tuple[Cell, int]], seed: int) -> list[Slot]:
     return slots
 
 
-def plan_groups(pairs: list[tuple[Cell, int]], *, sweep_id: str, isolation: str = "group",
-                calibrate: bool = False) -> list[Group]:  # fmt: skip
+def plan_groups(
+    pairs: list[tuple[Cell, int]], *, sweep_id: str, isolation: str = "group", calibrate: bool = False
+) -> list[Group]:
     """The pairs as groups: one per worker-group shape (`group`), or one per pair (`cell`). With
     `calibrate`, every multi-rank group (the first of each shape under `cell`) starts with a calibration."""
     by_key: dict[tuple, list[tuple[Cell, int]]] = {}
@@ -183,11 +239,16 @@ def plan_groups(pairs: list[tuple[Cell, int]], *, sweep_id: str, isolation: str 
         slots = _rounds(members, seed)
         cal = calibrate and members[0][0].world_size > 1
         if isolation == "group":
-            groups.append(Group(group_id=key_id, isolation=isolation, order_seed=seed, slots=tuple(slots),
-                                calibrate=cal))  # fmt: skip
+            groups.append(
+                Group(group_id=key_id, isolation=isolation, order_seed=seed, slots=tuple(slots), calibrate=cal)
+            )
         else:
-            groups += [Group(group_id=f"{key_id}-{i}", isolation=isolation, order_seed=seed, slots=(s,),
-                             calibrate=cal and i == 0) for i, s in enumerate(slots)]  # fmt: skip
+            groups += [
+                Group(
+                    group_id=f"{key_id}-{i}", isolation=isolation, order_seed=seed, slots=(s,), calibrate=cal and i == 0
+                )
+                for i, s in enumerate(slots)
+            ]
     return groups
 
 
@@ -197,8 +258,17 @@ def calibration_groups(cells: list[Cell], *, sweep_id: str) -> list[Group]:
     for cell in cells:
         if cell.world_size > 1:
             shapes.setdefault(cell.group_key, cell)
-    return [Group(group_id=_digest([sweep_id, list(key)], 8), isolation="group", order_seed=0, slots=(),
-                  calibrate=True, shape=cell) for key, cell in shapes.items()]  # fmt: skip
+    return [
+        Group(
+            group_id=_digest([sweep_id, list(key)], 8),
+            isolation="group",
+            order_seed=0,
+            slots=(),
+            calibrate=True,
+            shape=cell,
+        )
+        for key, cell in shapes.items()
+    ]
 
 
 def cells_table(cells: list[Cell], repeats: int = 1, isolation: str = "group") -> str:
@@ -207,13 +277,24 @@ def cells_table(cells: list[Cell], repeats: int = 1, isolation: str = "group") -
     rows = [head]
     for c in cells:
         s = c.step
-        rows.append([c.cell_id, s.mode, c.topology, str(c.world_size),
-                     "-" if s.bucket_cap_mb is None else f"{s.bucket_cap_mb:g}", str(s.gas),
-                     str(s.no_sync).lower(), "-" if s.gradient_as_bucket_view is None else
-                     str(s.gradient_as_bucket_view).lower(), s.model, f"{s.micro_batch}x{s.seq_len}"])  # fmt: skip
+        rows.append(
+            [
+                c.cell_id,
+                s.mode,
+                c.topology,
+                str(c.world_size),
+                "-" if s.bucket_cap_mb is None else f"{s.bucket_cap_mb:g}",
+                str(s.gas),
+                str(s.no_sync).lower(),
+                "-" if s.gradient_as_bucket_view is None else str(s.gradient_as_bucket_view).lower(),
+                s.model,
+                f"{s.micro_batch}x{s.seq_len}",
+            ]
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     groups = len({c.group_key for c in cells}) if isolation == "group" else len(cells) * repeats
-    lines.append(f"{len(cells)} cells x {repeats} repeat(s) = {len(cells) * repeats} measurements "
-                 f"in {groups} worker group(s)")  # fmt: skip
+    lines.append(
+        f"{len(cells)} cells x {repeats} repeat(s) = {len(cells) * repeats} measurements in {groups} worker group(s)"
+    )
     return "\n".join(lines)

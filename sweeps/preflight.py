@@ -57,13 +57,16 @@ def cell_problem(cell: Cell, res: ClusterResources, cpus: float, use_gpu: bool) 
     short = [h for h in hosts[: cell.num_nodes] if h < cell.workers_per_node]
     if short:
         unit = f"{cpus:g} CPU" + (" + 1 GPU" if use_gpu else "")
-        return (f"needs {cell.workers_per_node} worker(s) of {unit} on each of {cell.num_nodes} node(s); "
-                f"the best {cell.num_nodes} node(s) fit {hosts[: cell.num_nodes]}")  # fmt: skip
+        return (
+            f"needs {cell.workers_per_node} worker(s) of {unit} on each of {cell.num_nodes} node(s); "
+            f"the best {cell.num_nodes} node(s) fit {hosts[: cell.num_nodes]}"
+        )
     return None
 
 
-def check(cells: list[Cell], res: ClusterResources, cpus_per_worker: float, use_gpu: bool,
-          field: str = "workers") -> None:  # fmt: skip
+def check(
+    cells: list[Cell], res: ClusterResources, cpus_per_worker: float, use_gpu: bool, field: str = "workers"
+) -> None:
     """Raise SpecError (on `field`: workers, or topology) listing every cell that can never be scheduled,
     with the nodes and per-node resources found."""
     bad = []

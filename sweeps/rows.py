@@ -46,26 +46,44 @@ def misplaced(cell: Cell, nodes: int | None, ranks_per_node: list[int] | None) -
     per_node = ranks_per_node or []
     if nodes != cell.num_nodes or any(n != cell.workers_per_node for n in per_node):
         seen = "+".join(map(str, per_node)) or "?"
-        return (f"placement put the ranks {seen} on {nodes} node(s); the cell asks for topology {cell.topology} "
-                f"({cell.workers_per_node} on each of {cell.num_nodes})")  # fmt: skip
+        return (
+            f"placement put the ranks {seen} on {nodes} node(s); the cell asks for topology {cell.topology} "
+            f"({cell.workers_per_node} on each of {cell.num_nodes})"
+        )
     return None
 
 
-def build_row(slot: Slot, ctx: RowContext, *, started: datetime, wall_s: float, done: dict | None = None,
-              error: str | None = None) -> dict:  # fmt: skip
+def build_row(
+    slot: Slot, ctx: RowContext, *, started: datetime, wall_s: float, done: dict | None = None, error: str | None = None
+) -> dict:
     """A row for one (cell, repeat): its configuration and placement, then the worker's `done` message
     (measurement, fingerprint, the ranks' placement) or the error. A measurement whose placement differs
     from the cell's topology is kept but becomes an error row (see misplaced)."""
     cell = slot.cell
     row = asdict(cell.step) | {
-        "sweep_id": ctx.sweep_id, "cell_id": cell.cell_id, "repeat": slot.repeat, "cluster": ctx.cluster,
-        "spec_name": ctx.spec_name, "started_at": started, "finished_at": now(), "trial_wall_s": wall_s,
-        "world_size": cell.world_size, "num_nodes": cell.num_nodes, "workers_per_node": cell.workers_per_node,
-        "tokens_per_step": cell.step.tokens_per_rank * cell.world_size, "cpus_per_worker": ctx.cpus_per_worker,
-        "placement": ctx.placement, "backend": ctx.backend, "isolation": ctx.isolation, "group_id": ctx.group_id,
-        "round": slot.round, "order_in_round": slot.order_in_round, "order_seed": ctx.order_seed,
-        "group_started_at": ctx.group_started_at, "group_setup_s": ctx.group_setup_s,
-    }  # fmt: skip
+        "sweep_id": ctx.sweep_id,
+        "cell_id": cell.cell_id,
+        "repeat": slot.repeat,
+        "cluster": ctx.cluster,
+        "spec_name": ctx.spec_name,
+        "started_at": started,
+        "finished_at": now(),
+        "trial_wall_s": wall_s,
+        "world_size": cell.world_size,
+        "num_nodes": cell.num_nodes,
+        "workers_per_node": cell.workers_per_node,
+        "tokens_per_step": cell.step.tokens_per_rank * cell.world_size,
+        "cpus_per_worker": ctx.cpus_per_worker,
+        "placement": ctx.placement,
+        "backend": ctx.backend,
+        "isolation": ctx.isolation,
+        "group_id": ctx.group_id,
+        "round": slot.round,
+        "order_in_round": slot.order_in_round,
+        "order_seed": ctx.order_seed,
+        "group_started_at": ctx.group_started_at,
+        "group_setup_s": ctx.group_setup_s,
+    }
     if done is not None:
         row |= done.get("fingerprint", {}) | {k: done.get(k) for k in ("hosts", "rank_nodes", "network")}
         row |= (done.get("measurement") or {}) | (done.get("control") or {})

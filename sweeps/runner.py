@@ -65,8 +65,14 @@ class SweepOutcome:
     calibrations: int = 0  # groups whose calibration was written
 
 
-def plan_sweep(spec: SweepSpec, *, results: str | None = None, cluster: str | None = None,
-               resume: str | None = None, sweep_id: str | None = None) -> SweepPlan:  # fmt: skip
+def plan_sweep(
+    spec: SweepSpec,
+    *,
+    results: str | None = None,
+    cluster: str | None = None,
+    resume: str | None = None,
+    sweep_id: str | None = None,
+) -> SweepPlan:
     """Expand the grid; with `resume`, keep only pairs with no ok row in that sweep."""
     store = Store.open(results or spec.results)
     cluster = cluster or spec.cluster
@@ -80,8 +86,12 @@ def plan_sweep(spec: SweepSpec, *, results: str | None = None, cluster: str | No
             store.read_manifest(cluster, sweep_id) or sweep_id in store.labels().get(cluster, [])
         )
         if exists:
-            raise SpecError("--sweep-id", sweep_id, f"a new id: that sweep exists under cluster={cluster} "
-                            f"(continue it with --resume {sweep_id}; its rows are never overwritten)")  # fmt: skip
+            raise SpecError(
+                "--sweep-id",
+                sweep_id,
+                f"a new id: that sweep exists under cluster={cluster} "
+                f"(continue it with --resume {sweep_id}; its rows are never overwritten)",
+            )
         return SweepPlan(spec, sweep_id or new_sweep_id(spec.name), cluster, store, cells, pairs)
     manifest = store.read_manifest(cluster, require_label("--resume", resume))
     if manifest is None:
@@ -159,8 +169,7 @@ def ray_session(address: str | None, verbose: bool) -> Iterator[None]:
         # the resources of a cell killed at cell_timeout_s; without it they stay reserved.
         # address="local": always a new embedded Ray, also when `ray start --head` runs on this machine
         # (plain ray.init() would attach to that one and refuse num_cpus).
-        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=True, dashboard_host="127.0.0.1",
-                 **quiet)  # fmt: skip
+        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=True, dashboard_host="127.0.0.1", **quiet)
     try:
         yield
     finally:
@@ -176,11 +185,18 @@ def resolve_options(plan: SweepPlan, res: preflight.ClusterResources, storage_pa
         raise SpecError("backend", "nccl", f"gloo or auto: NCCL needs GPUs and the cluster has none ({res.describe()})")
     backend = spec.backend if spec.backend != "auto" else ("nccl" if use_gpu else "gloo")
     return TrialOptions(
-        sweep_id=plan.sweep_id, cluster=plan.cluster, spec_name=spec.name, use_gpu=use_gpu, backend=backend,
-        cpus_per_worker=spec.cpus_per_worker, placement=spec.placement,
-        collective_timeout_s=spec.collective_timeout_s, cell_timeout_s=spec.cell_timeout_s,
-        env={k: str(v) for k, v in spec.env.items()}, storage_path=storage_path,
-    )  # fmt: skip
+        sweep_id=plan.sweep_id,
+        cluster=plan.cluster,
+        spec_name=spec.name,
+        use_gpu=use_gpu,
+        backend=backend,
+        cpus_per_worker=spec.cpus_per_worker,
+        placement=spec.placement,
+        collective_timeout_s=spec.collective_timeout_s,
+        cell_timeout_s=spec.cell_timeout_s,
+        env={k: str(v) for k, v in spec.env.items()},
+        storage_path=storage_path,
+    )
 
 
 def check_local(plan: SweepPlan) -> None:
@@ -201,9 +217,14 @@ def _storage_path(plan: SweepPlan) -> str:
     return urllib.parse.urlunsplit(uri._replace(path=path))
 
 
-def execute(plan: SweepPlan, *, address: str | None = None, verbose: bool = False,
-            progress: ProgressFn = lambda row: None,
-            notice: Callable[[str], None] = log.warning) -> SweepOutcome:  # fmt: skip
+def execute(
+    plan: SweepPlan,
+    *,
+    address: str | None = None,
+    verbose: bool = False,
+    progress: ProgressFn = lambda row: None,
+    notice: Callable[[str], None] = log.warning,
+) -> SweepOutcome:
     """Run the plan's pending pairs on Ray; every row lands in the store as its trial ends."""
     if address or os.environ.get("RAY_ADDRESS") or ray.is_initialized():
         plan.store.ensure_writable()
@@ -212,12 +233,16 @@ def execute(plan: SweepPlan, *, address: str | None = None, verbose: bool = Fals
     plan.store.ensure_writable()
     machine.remove_stale_storage()
     if machine.local_ray_cluster_running():
-        notice("a Ray cluster started with `ray start` runs on this machine; this sweep starts its own "
-               "embedded Ray beside it (pass --address auto to run on that cluster instead)")  # fmt: skip
+        notice(
+            "a Ray cluster started with `ray start` runs on this machine; this sweep starts its own "
+            "embedded Ray beside it (pass --address auto to run on that cluster instead)"
+        )
     with machine.measuring(plan.sweep_id) as others:
         if others:
-            notice(f"another sweep is measuring on this machine ({'; '.join(others)}): both will read "
-                   "each other's contention; wait for it, or compare these rows with care")  # fmt: skip
+            notice(
+                f"another sweep is measuring on this machine ({'; '.join(others)}): both will read "
+                "each other's contention; wait for it, or compare these rows with care"
+            )
         return _execute(plan, address, verbose, progress)
 
 
@@ -256,10 +281,19 @@ def _compact(plan: SweepPlan) -> None:
 
 
 def _manifest(plan: SweepPlan, opts: TrialOptions) -> dict:
-    return {"sweep_id": plan.sweep_id, "cluster": plan.cluster, "spec": asdict(plan.spec),
-            "cells": [c.cell_id for c in plan.cells], "repeats": plan.spec.repeats, "planned": plan.planned,
-            "isolation": plan.spec.isolation, "calibrate_only": plan.calibrate_only,
-            "backend": opts.backend, "use_gpu": opts.use_gpu, "written_at": datetime.now(UTC).isoformat()}  # fmt: skip
+    return {
+        "sweep_id": plan.sweep_id,
+        "cluster": plan.cluster,
+        "spec": asdict(plan.spec),
+        "cells": [c.cell_id for c in plan.cells],
+        "repeats": plan.spec.repeats,
+        "planned": plan.planned,
+        "isolation": plan.spec.isolation,
+        "calibrate_only": plan.calibrate_only,
+        "backend": opts.backend,
+        "use_gpu": opts.use_gpu,
+        "written_at": datetime.now(UTC).isoformat(),
+    }
 
 
 def _tuner(plan: SweepPlan, opts: TrialOptions, writer: RowWriter, verbose: bool) -> tune.Tuner:

@@ -172,25 +172,48 @@ def _check_list(path: str, values: Any, kind: str | tuple) -> None:
 
 
 SCALARS = {
-    "name": "label", "cluster": "label", "micro_batch": "int>=1", "seq_len": "int>=1",
-    "warmup_steps": "int>=0", "cpus_per_worker": "num>0", "max_timed_steps": "int>=1", "max_cell_s": "num>0",
-    "collective_timeout_s": "num>0", "cell_timeout_s": "num>0", "max_concurrent_trials": "int>=1",
-    "repeats": "int>=1", "results": "str",
-}  # fmt: skip
+    "name": "label",
+    "cluster": "label",
+    "micro_batch": "int>=1",
+    "seq_len": "int>=1",
+    "warmup_steps": "int>=0",
+    "cpus_per_worker": "num>0",
+    "max_timed_steps": "int>=1",
+    "max_cell_s": "num>0",
+    "collective_timeout_s": "num>0",
+    "cell_timeout_s": "num>0",
+    "max_concurrent_trials": "int>=1",
+    "repeats": "int>=1",
+    "results": "str",
+}
 LISTS = {
-    "workers": "int>=1", "nodes": "int>=1", "bucket_cap_mb": "num>0", "gas": "int>=1",
-    "no_sync": "bool", "gradient_as_bucket_view": "bool", "modes": GRID_MODES,
-}  # fmt: skip
+    "workers": "int>=1",
+    "nodes": "int>=1",
+    "bucket_cap_mb": "num>0",
+    "gas": "int>=1",
+    "no_sync": "bool",
+    "gradient_as_bucket_view": "bool",
+    "modes": GRID_MODES,
+}
 
 
 # Upper (and some lower) bounds: a value outside them is a typo, and would otherwise overflow a column,
 # become "0 ms" in a timedelta, or expand into a grid nobody can measure.
 RANGES = {
-    "micro_batch": (1, 65_536), "warmup_steps": (0, 100_000), "max_timed_steps": (1, 1_000_000),
-    "max_cell_s": (0.001, 86_400), "collective_timeout_s": (1, 86_400), "cell_timeout_s": (1, 7 * 86_400),
-    "max_concurrent_trials": (1, 1_024), "repeats": (1, 1_000), "cpus_per_worker": (0.001, 1_024),
-    "workers": (1, 65_536), "nodes": (1, 4_096), "bucket_cap_mb": (0.001, 100_000), "gas": (1, 4_096),
-}  # fmt: skip
+    "micro_batch": (1, 65_536),
+    "warmup_steps": (0, 100_000),
+    "max_timed_steps": (1, 1_000_000),
+    "max_cell_s": (0.001, 86_400),
+    "collective_timeout_s": (1, 86_400),
+    "cell_timeout_s": (1, 7 * 86_400),
+    "max_concurrent_trials": (1, 1_024),
+    "repeats": (1, 1_000),
+    "cpus_per_worker": (0.001, 1_024),
+    "workers": (1, 65_536),
+    "nodes": (1, 4_096),
+    "bucket_cap_mb": (0.001, 100_000),
+    "gas": (1, 4_096),
+}
 MAX_AXIS_VALUES = 1_000  # values in one grid list
 MAX_MEASUREMENTS = 10_000  # cells x repeats in one sweep (a week of minute-long GPU cells): split larger studies
 ENV_KEY_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,127}$")
@@ -209,9 +232,12 @@ def _check_grid_size(spec: SweepSpec) -> None:
     places = len(spec.workers) * len(spec.nodes) if spec.topology is None else len(spec.topology)
     upper = places * math.prod(len(a) for a in axes) * spec.repeats
     if upper > MAX_MEASUREMENTS:
-        raise _fail("repeats" if spec.repeats > 1 else "bucket_cap_mb", f"{upper} measurements",
-                    f"at most {MAX_MEASUREMENTS} measurements (cells x repeats) per sweep: fewer axis values or "
-                    "repeats, or split the study into several sweeps")  # fmt: skip
+        raise _fail(
+            "repeats" if spec.repeats > 1 else "bucket_cap_mb",
+            f"{upper} measurements",
+            f"at most {MAX_MEASUREMENTS} measurements (cells x repeats) per sweep: fewer axis values or "
+            "repeats, or split the study into several sweeps",
+        )
 
 
 def _validate(spec: SweepSpec) -> None:
@@ -269,8 +295,11 @@ def _validate_topology(topology: Any) -> None:
         except ValueError:
             raise _fail(path, text, allowed) from None
         if not (1 <= nodes <= RANGES["nodes"][1] and per_node >= 1 and nodes * per_node <= RANGES["workers"][1]):
-            raise _fail(path, text, f"{allowed}, with 1..{RANGES['nodes'][1]} nodes and at most "
-                                    f"{RANGES['workers'][1]} workers in all")  # fmt: skip
+            raise _fail(
+                path,
+                text,
+                f"{allowed}, with 1..{RANGES['nodes'][1]} nodes and at most {RANGES['workers'][1]} workers in all",
+            )
 
 
 def _validate_nodes(spec: SweepSpec) -> None:
@@ -295,8 +324,12 @@ def spec_from_dict(data: Any, source: str = "spec") -> SweepSpec:
         raise SpecError("name", None, "a label naming the sweep (required)")
     both = [k for k in ("workers", "nodes") if k in data]
     if "topology" in data and both:
-        raise SpecError("topology", data["topology"], f"either topology or {' / '.join(both)}, not both: "
-                        "topology names nodes x workers per node (e.g. [1x8, 2x8])")  # fmt: skip
+        raise SpecError(
+            "topology",
+            data["topology"],
+            f"either topology or {' / '.join(both)}, not both: "
+            "topology names nodes x workers per node (e.g. [1x8, 2x8])",
+        )
     data = dict(data)
     if "env" in data and isinstance(data["env"], dict):
         data["env"] = {k: str(v) if _is_num(v) else v for k, v in data["env"].items()}
@@ -360,8 +393,11 @@ def _check_shape(node: yaml.Node, path: str = "", depth: int = 0, seen: list | N
     seen = seen if seen is not None else [0]
     seen[0] += 1
     if seen[0] > MAX_SPEC_NODES or depth > MAX_SPEC_DEPTH:
-        raise SpecError(path or "SPEC", "a structure too large or too deep", f"at most {MAX_SPEC_DEPTH} levels "
-                        f"and {MAX_SPEC_NODES} values once aliases are expanded")  # fmt: skip
+        raise SpecError(
+            path or "SPEC",
+            "a structure too large or too deep",
+            f"at most {MAX_SPEC_DEPTH} levels and {MAX_SPEC_NODES} values once aliases are expanded",
+        )
     if isinstance(node, yaml.MappingNode):
         keys = [k.value for k, _ in node.value]
         for key, value in node.value:

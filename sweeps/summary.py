@@ -12,8 +12,10 @@ WIDE_REL = 0.04  # an interval wider than ±2% of its median is listed as noisy
 
 def progress_line(row: dict, done: int, total: int) -> str:
     bucket = "-" if row.get("bucket_cap_mb") is None else f"{row['bucket_cap_mb']:g}"
-    what = (f"{row['mode']:<6} w={row['world_size']} bucket={bucket:<5} gas={row['gas']} "
-            f"no_sync={str(row['no_sync']).lower():<5} r={row.get('round', 0)}")  # fmt: skip
+    what = (
+        f"{row['mode']:<6} w={row['world_size']} bucket={bucket:<5} gas={row['gas']} "
+        f"no_sync={str(row['no_sync']).lower():<5} r={row.get('round', 0)}"
+    )
     if row["status"] == "ok":
         result = f"{row['step_ms']:8.2f} ms  {row['tokens_per_s'] / 1e3:8.1f} ktok/s  ok"
     else:
@@ -26,8 +28,12 @@ def _ms(v: float, lo: float, hi: float) -> str:
 
 
 def _curve_line(grp: pd.DataFrame, best: pd.Series, same: list[float]) -> str:
-    curve = "  ".join(f"{b:g}MB:{_ms(s, lo, hi)}" if pd.notna(b) else _ms(s, lo, hi) for b, s, lo, hi in zip(
-        grp["bucket_cap_mb"], grp["step_ms"], grp["step_ms_ci_lo"], grp["step_ms_ci_hi"], strict=True))  # fmt: skip
+    curve = "  ".join(
+        f"{b:g}MB:{_ms(s, lo, hi)}" if pd.notna(b) else _ms(s, lo, hi)
+        for b, s, lo, hi in zip(
+            grp["bucket_cap_mb"], grp["step_ms"], grp["step_ms_ci_lo"], grp["step_ms_ci_hi"], strict=True
+        )
+    )
     if pd.isna(best["bucket_cap_mb"]):
         bucket = "no buckets"
     elif len(same) > 1:
@@ -61,10 +67,13 @@ def _flag_lines(rows: pd.DataFrame) -> list[str]:
     out = []
     drifted, noisy = analysis.drifted_rounds(rows), analysis.noisy_rows(rows)
     if drifted.any():
-        rounds = sorted({(g, r) for g, r in zip(rows.loc[drifted, "group_id"], rows.loc[drifted, "round"],
-                                                strict=True)})  # fmt: skip
-        out.append(f"drift: {int(drifted.sum())} measurement(s) in {len(rounds)} round(s) whose control moved "
-                   f"beyond its noise are left out of the figures above: {rounds}")  # fmt: skip
+        rounds = sorted(
+            {(g, r) for g, r in zip(rows.loc[drifted, "group_id"], rows.loc[drifted, "round"], strict=True)}
+        )
+        out.append(
+            f"drift: {int(drifted.sum())} measurement(s) in {len(rounds)} round(s) whose control moved "
+            f"beyond its noise are left out of the figures above: {rounds}"
+        )
     insync = rows["replicas_in_sync"] == False  # noqa: E712
     if insync.any():
         out.append(f"replicas out of sync: {int(insync.sum())} measurement(s) left out of the figures above")
@@ -76,14 +85,18 @@ def _flag_lines(rows: pd.DataFrame) -> list[str]:
 
 def _noise_lines(rows: pd.DataFrame) -> list[str]:
     cells = analysis.ok_cells(rows)
-    width = [rel_width(lo, hi, m) for lo, hi, m in zip(cells["step_ms_ci_lo"], cells["step_ms_ci_hi"],
-                                                        cells["step_ms"], strict=True)]  # fmt: skip
+    width = [
+        rel_width(lo, hi, m)
+        for lo, hi, m in zip(cells["step_ms_ci_lo"], cells["step_ms_ci_hi"], cells["step_ms"], strict=True)
+    ]
     wide = cells[[w > WIDE_REL for w in width]]
     out = []
     if (cells["n_repeats"] < 2).any():
         out.append("note: cells with one repeat have intervals from their steps only (no between-run noise)")
     if wide.empty:
         return out
-    names = ", ".join(f"{r.mode} {r.num_nodes}x{r.world_size // r.num_nodes} bucket={r.bucket_cap_mb} gas={r.gas}"
-                      for r in wide.itertuples())  # fmt: skip
+    names = ", ".join(
+        f"{r.mode} {r.num_nodes}x{r.world_size // r.num_nodes} bucket={r.bucket_cap_mb} gas={r.gas}"
+        for r in wide.itertuples()
+    )
     return [*out, f"noisy: {len(wide)} cell(s) with an interval wider than ±{WIDE_REL / 2:.0%}: {names}"]

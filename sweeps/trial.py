@@ -58,10 +58,18 @@ def placement_for(cell: Cell, requested: str) -> str:
 
 def row_context(group: Group, opts: TrialOptions, started: datetime) -> RowContext:
     cell = group.first
-    return RowContext(sweep_id=opts.sweep_id, cluster=opts.cluster, spec_name=opts.spec_name,
-                      cpus_per_worker=opts.cpus_per_worker, placement=placement_for(cell, opts.placement),
-                      backend=opts.backend if cell.step.mode != "single" else "none", isolation=group.isolation,
-                      group_id=group.group_id, order_seed=group.order_seed, group_started_at=started)  # fmt: skip
+    return RowContext(
+        sweep_id=opts.sweep_id,
+        cluster=opts.cluster,
+        spec_name=opts.spec_name,
+        cpus_per_worker=opts.cpus_per_worker,
+        placement=placement_for(cell, opts.placement),
+        backend=opts.backend if cell.step.mode != "single" else "none",
+        isolation=group.isolation,
+        group_id=group.group_id,
+        order_seed=group.order_seed,
+        group_started_at=started,
+    )
 
 
 @ray.remote(num_cpus=0, max_retries=0)
@@ -153,10 +161,18 @@ def _each(rows: Generator[dict, None, str | None], written: set) -> Generator[di
 
 def calibration_rows(msg: dict, ctx: RowContext, cell: Cell) -> list[dict]:
     """The calibration table's rows (results/schema.py CALIBRATION) from rank 0's message."""
-    common = {"sweep_id": ctx.sweep_id, "cluster": ctx.cluster, "group_id": ctx.group_id,
-              "world_size": cell.world_size, "num_nodes": cell.num_nodes, "workers_per_node": cell.workers_per_node,
-              "backend": ctx.backend, "accelerator": msg.get("fingerprint", {}).get("accelerator", ""),
-              "hosts": msg.get("hosts"), "measured_at": now()}  # fmt: skip
+    common = {
+        "sweep_id": ctx.sweep_id,
+        "cluster": ctx.cluster,
+        "group_id": ctx.group_id,
+        "world_size": cell.world_size,
+        "num_nodes": cell.num_nodes,
+        "workers_per_node": cell.workers_per_node,
+        "backend": ctx.backend,
+        "accelerator": msg.get("fingerprint", {}).get("accelerator", ""),
+        "hosts": msg.get("hosts"),
+        "measured_at": now(),
+    }
     return [common | r for r in msg["rows"]]
 
 

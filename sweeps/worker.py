@@ -34,8 +34,12 @@ def _placement() -> list[dict]:
     """Every rank's place, in rank order: hostname, Ray node id and IP, and that node's network
     fingerprint (each rank reads its own node's: a few files under /sys)."""
     ip = ray.util.get_node_ip_address()
-    mine = {"host": socket.gethostname(), "node": ray.get_runtime_context().get_node_id(), "ip": ip,
-            "network": fingerprint.network(ip)}  # fmt: skip
+    mine = {
+        "host": socket.gethostname(),
+        "node": ray.get_runtime_context().get_node_id(),
+        "ip": ip,
+        "network": fingerprint.network(ip),
+    }
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     return every
@@ -49,9 +53,13 @@ def placement_info(placement: list[dict]) -> dict:
     for p in placement:
         per_node[p["node"]] = per_node.get(p["node"], 0) + 1
         networks.setdefault(p["node"], p["network"])
-    return {"hosts": sorted({p["host"] for p in placement}), "nodes": len(per_node),
-            "ranks_per_node": sorted(per_node.values(), reverse=True), "rank_nodes": [p["ip"] for p in placement],
-            "network": json.dumps(list(networks.values()))}  # fmt: skip
+    return {
+        "hosts": sorted({p["host"] for p in placement}),
+        "nodes": len(per_node),
+        "ranks_per_node": sorted(per_node.values(), reverse=True),
+        "rank_nodes": [p["ip"] for p in placement],
+        "network": json.dumps(list(networks.values())),
+    }
 
 
 # Fault-injection hook for tests of the error paths: a file whose lines are "<cell_id> raise|hang".
@@ -156,5 +164,15 @@ def train_fn_per_worker(config: dict) -> None:
             outbox.put({"kind": "start", "key": key})
         measurement, error = _measure(slot, device, threads, template)
         if rank0:
-            outbox.put({"kind": "done", "key": key, "started_at": started, "wall_s": time.perf_counter() - t0,
-                        "measurement": measurement, "error": error, "control": control, **info})  # fmt: skip
+            outbox.put(
+                {
+                    "kind": "done",
+                    "key": key,
+                    "started_at": started,
+                    "wall_s": time.perf_counter() - t0,
+                    "measurement": measurement,
+                    "error": error,
+                    "control": control,
+                    **info,
+                }
+            )

@@ -27,12 +27,27 @@ def ray_head(auth_mode: str, num_cpus: int = 2, info: dict | None = None) -> Ite
     `info`, if given, receives the head's GCS address under "gcs"."""
     temp = tempfile.mkdtemp(prefix="ddps-", dir="/tmp")  # short: Ray's socket paths must stay < 108 bytes
     dash = free_port()
-    ports = {"--port": free_port(), "--dashboard-port": dash, "--ray-client-server-port": free_port(),
-             "--dashboard-agent-listen-port": free_port(), "--metrics-export-port": free_port()}  # fmt: skip
+    ports = {
+        "--port": free_port(),
+        "--dashboard-port": dash,
+        "--ray-client-server-port": free_port(),
+        "--dashboard-agent-listen-port": free_port(),
+        "--metrics-export-port": free_port(),
+    }
     env = {**os.environ, "RAY_AUTH_MODE": auth_mode, "RAY_USAGE_STATS_ENABLED": "0"}
-    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--num-cpus={num_cpus}",
-           "--include-dashboard=true", "--dashboard-host=127.0.0.1", "--node-ip-address=127.0.0.1",
-           f"--temp-dir={temp}", *[f"{k}={v}" for k, v in ports.items()]]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "ray.scripts.scripts",
+        "start",
+        "--head",
+        f"--num-cpus={num_cpus}",
+        "--include-dashboard=true",
+        "--dashboard-host=127.0.0.1",
+        "--node-ip-address=127.0.0.1",
+        f"--temp-dir={temp}",
+        *[f"{k}={v}" for k, v in ports.items()],
+    ]
     try:
         subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=120)
         address = f"http://127.0.0.1:{dash}"

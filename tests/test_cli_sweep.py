@@ -22,8 +22,15 @@ SMOKE = ROOT / "sweeps" / "specs" / "smoke.yaml"
 
 
 def ddpsweep(*args: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "service.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "service.cli", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **kw,
+    )
 
 
 @pytest.mark.ray
@@ -115,8 +122,17 @@ def test_calibrate_measures_the_specs_worker_groups_and_the_report_shows_the_fit
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     assert "2 ranks on 1 node(s), gloo: alpha" in out and "GB/s algbw" in out
-    n = CliRunner().invoke(app, ["query", "select count(*) n from calibration where kind = 'all_reduce'",
-                                 "--results", str(tmp_path), "--format", "csv"])  # fmt: skip
+    n = CliRunner().invoke(
+        app,
+        [
+            "query",
+            "select count(*) n from calibration where kind = 'all_reduce'",
+            "--results",
+            str(tmp_path),
+            "--format",
+            "csv",
+        ],
+    )
     assert n.exit_code == 0 and int(n.output.split()[1]) >= 4  # 4 KB .. >= the tiny model's 1.5 MB, x4
     assert not Store.open(str(tmp_path)).files()  # calibration only: no cell rows
 

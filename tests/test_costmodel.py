@@ -16,8 +16,18 @@ def calibration_rows(alpha_ms: float, beta_bps: float, noise: float = 0.0, world
     rows = []
     for size in [4096 * 4**k for k in range(11)]:  # 4 KB .. 4 GB
         t = (alpha_ms + size / beta_bps * 1e3) * (1 + rng.normal(0, noise))
-        rows.append({"cluster": "pcie-8x", "sweep_id": "seed", "world_size": world, "num_nodes": 1, "backend": "nccl",
-                     "kind": "all_reduce", "size_bytes": size, "time_ms": t})  # fmt: skip
+        rows.append(
+            {
+                "cluster": "pcie-8x",
+                "sweep_id": "seed",
+                "world_size": world,
+                "num_nodes": 1,
+                "backend": "nccl",
+                "kind": "all_reduce",
+                "size_bytes": size,
+                "time_ms": t,
+            }
+        )
     return rows
 
 
@@ -64,8 +74,9 @@ def calibrate_on_world(rank: int, corrupt: bool):
             t[-1] += 1.0  # one wrong element on one rank
 
     try:
-        return allreduce_sweep(sizes_up_to(1 << 22), torch.device("cpu"), all_reduce=faulty if corrupt else
-                               dist.all_reduce)  # fmt: skip
+        return allreduce_sweep(
+            sizes_up_to(1 << 22), torch.device("cpu"), all_reduce=faulty if corrupt else dist.all_reduce
+        )
     except CalibrationError as e:
         return f"CalibrationError: {e}"
 
@@ -88,8 +99,9 @@ def test_report_uses_the_sweeps_own_calibration():
     from results.report import render_html
 
     rows = pd.DataFrame(seed_rows()).assign(bucket_sizes_bytes=[[]] + [[GRAD_BYTES // 4] * 4] * 7)
-    page = render_html(rows, "seed", calibration=pd.DataFrame(calibration_rows(0.0, 10.1e9)).assign(
-        busbw_gbps=1.0, algbw_gbps=1.0))  # fmt: skip
+    page = render_html(
+        rows, "seed", calibration=pd.DataFrame(calibration_rows(0.0, 10.1e9)).assign(busbw_gbps=1.0, algbw_gbps=1.0)
+    )
     assert "Calibration: the α–β model" in page and "alt='calibration'" in page
     assert "own calibration)</h2>" in page
     pred = costmodel.predictions(analysis.with_baseline(rows), pd.DataFrame(calibration_rows(0.0, 10.1e9)))

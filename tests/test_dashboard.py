@@ -29,8 +29,11 @@ def test_two_sweeps_compare_and_the_sweeps_table_counts(tmp_path):
     assert ratios and all(abs(r - 0.8) < 1e-6 for r in ratios)  # every cell 20% faster, as written
     assert client.get("/ui/compare", params={"by": "sweep", "a": "s1", "b": "nope"}).status_code == 404
     sweep = client.get("/ui/sweep/pcie-8x/s1").text
-    medians = sorted(float(y) for y in re.findall(r"id='u_curve'.*?</svg>", sweep, re.S)[0].split("data-y='")[1:]
-                     for y in [y.split("'")[0]])  # fmt: skip
+    medians = sorted(
+        float(y)
+        for y in re.findall(r"id='u_curve'.*?</svg>", sweep, re.S)[0].split("data-y='")[1:]
+        for y in [y.split("'")[0]]
+    )
     stored = sorted(r["step_ms"] for r in seed_rows(sweep="s1") if r["mode"] == "ddp")
     assert medians == pytest.approx(stored, rel=1e-5)  # drawn to 6 significant digits
 

@@ -37,8 +37,10 @@ repeats: 3
 """
 
 if CHROMEDRIVER is None or shutil.which("chromium") is None:
-    pytest.skip("needs Debian's chromium and chromium-driver (apt-get install -y chromium chromium-driver)",
-                allow_module_level=True)  # fmt: skip
+    pytest.skip(
+        "needs Debian's chromium and chromium-driver (apt-get install -y chromium chromium-driver)",
+        allow_module_level=True,
+    )
 webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install selenium)")
 
 
@@ -48,21 +50,36 @@ def store_dir(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("dash") / "store"
     spec = root.parent / "dash.yaml"
     spec.write_text(MINI)
-    proc = subprocess.run([sys.executable, "-m", "service.cli", "run", str(spec), "--results", str(root)],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "service.cli", "run", str(spec), "--results", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     store = Store.open(str(root))
     for row in store.read_table().to_pylist():  # a second cluster 20% faster, for the compare page
-        store.write_row(row | {"cluster": "faster", "step_ms": row["step_ms"] * 0.8,
-                               "step_times_ms": [t * 0.8 for t in row["step_times_ms"] or []]})  # fmt: skip
+        store.write_row(
+            row
+            | {
+                "cluster": "faster",
+                "step_ms": row["step_ms"] * 0.8,
+                "step_times_ms": [t * 0.8 for t in row["step_times_ms"] or []],
+            }
+        )
     return str(root)
 
 
 @pytest.fixture(scope="module")
 def server(store_dir):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--results", store_dir],
-                            cwd=ROOT, env={**os.environ, "DDPSWEEP_TOKEN": "t"}, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--results", store_dir],
+        cwd=ROOT,
+        env={**os.environ, "DDPSWEEP_TOKEN": "t"},
+        stderr=subprocess.DEVNULL,
+    )
     base = f"http://127.0.0.1:{port}"
     import httpx
 

@@ -36,8 +36,9 @@ def test_a_spec_from_the_environment_is_never_echoed(monkeypatch):
 
 
 def test_compare_of_a_cluster_with_itself_is_a_clear_error(seed_store):
-    result = CliRunner().invoke(app, ["compare", "--cluster", "pcie-8x", "--cluster", "pcie-8x", "--results",
-                                      seed_store])  # fmt: skip
+    result = CliRunner().invoke(
+        app, ["compare", "--cluster", "pcie-8x", "--cluster", "pcie-8x", "--results", seed_store]
+    )
     assert result.exit_code == 2 and "two different labels" in result.output
 
 
@@ -162,8 +163,11 @@ def test_a_results_root_that_is_not_a_store_is_one_clear_line(results):
 
 def test_report_out_paths_that_cannot_be_written_are_clear_errors(seed_store, tmp_path):
     runner = CliRunner()
-    for args in (["--out", "/nonexistent/r.html"], ["--out", str(tmp_path)],
-                 ["--format", "png", "--out", str(tmp_path / "r.txt")]):  # fmt: skip
+    for args in (
+        ["--out", "/nonexistent/r.html"],
+        ["--out", str(tmp_path)],
+        ["--format", "png", "--out", str(tmp_path / "r.txt")],
+    ):
         (tmp_path / "r.txt").write_text("a file where a folder should be")
         out = runner.invoke(app, ["report", "--results", seed_store, *args])
         assert out.exit_code == 2 and out.output.startswith("error: --out: cannot write"), out.output

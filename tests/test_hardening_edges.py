@@ -130,8 +130,16 @@ def test_error_responses_never_show_a_server_path(seed_store):
 
 
 def test_one_error_tree_whose_classes_carry_their_http_status():
-    expected = {ConfigError: 422, SpecError: 422, LabelError: 422, ResultsError: 400, StoreNotFound: 404,
-                UnknownSelection: 404, jobs.JobsError: 503, jobs.SweepNotFound: 404}  # fmt: skip
+    expected = {
+        ConfigError: 422,
+        SpecError: 422,
+        LabelError: 422,
+        ResultsError: 400,
+        StoreNotFound: 404,
+        UnknownSelection: 404,
+        jobs.JobsError: 503,
+        jobs.SweepNotFound: 404,
+    }
     for cls, status in expected.items():
         assert issubclass(cls, DDPSweepError) and cls.http_status == status, cls
 
@@ -218,8 +226,13 @@ def test_jobs_calls_time_out_against_a_server_that_never_answers(monkeypatch):
 
 
 def test_serve_refuses_a_port_out_of_range():
-    proc = subprocess.run([sys.executable, "-m", "service.cli", "serve", "--port", "99999"], capture_output=True,
-                          text=True, timeout=60, cwd=ROOT)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve", "--port", "99999"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert proc.returncode == 2 and "65535" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -227,9 +240,11 @@ def test_serve_refuses_a_port_out_of_range():
 
 
 def test_a_second_sweep_on_the_machine_sees_the_first(tmp_path):
-    script = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from pathlib import Path\n"
-              f"from sweeps import machine\nwith machine.measuring('first', Path({str(tmp_path)!r})):\n"
-              "    print('in', flush=True); time.sleep(60)\n")  # fmt: skip
+    script = (
+        f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from pathlib import Path\n"
+        f"from sweeps import machine\nwith machine.measuring('first', Path({str(tmp_path)!r})):\n"
+        "    print('in', flush=True); time.sleep(60)\n"
+    )
     first = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert first.stdout.readline().strip() == "in"
@@ -265,11 +280,14 @@ def test_the_embedded_ray_starts_its_own_beside_a_ray_start_cluster():
             address_file.write_text(info["gcs"])  # what `ray start --head` leaves for plain ray.init()
             assert machine.local_ray_cluster_running()
             # in a child process: a Ray session started in the pytest process upset later in-process sessions
-            script = ("import os, ray; from sweeps.runner import ray_session\n"
-                      "with ray_session(None, verbose=False): print(int(ray.cluster_resources()['CPU']))")  # fmt: skip
+            script = (
+                "import os, ray; from sweeps.runner import ray_session\n"
+                "with ray_session(None, verbose=False): print(int(ray.cluster_resources()['CPU']))"
+            )
             env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-            out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
-                                 cwd=ROOT, env=env)  # fmt: skip
+            out = subprocess.run(
+                [sys.executable, "-c", script], capture_output=True, text=True, timeout=180, cwd=ROOT, env=env
+            )
             assert out.returncode == 0, out.stderr[-2000:]
             assert int(out.stdout.split()[-1]) == os.cpu_count() != 7  # its own Ray, not the 7-CPU head
     finally:
@@ -281,8 +299,16 @@ def test_the_embedded_ray_starts_its_own_beside_a_ray_start_cluster():
 
 def test_a_dry_run_of_the_scaling_spec_never_touches_its_store():
     # its results root is s3://my-bucket/…, unreachable here; --address skips this machine's pre-flight
-    cmd = [sys.executable, "-m", "service.cli", "run", "sweeps/specs/scaling.yaml", "--dry-run", "--address",
-           "http://127.0.0.1:9"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "service.cli",
+        "run",
+        "sweeps/specs/scaling.yaml",
+        "--dry-run",
+        "--address",
+        "http://127.0.0.1:9",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "measurements in" in proc.stdout and "error" not in proc.stderr.lower()

@@ -44,8 +44,9 @@ def test_the_network_fingerprint_describes_this_node(monkeypatch):
     fp = network("127.0.0.1")
     assert fp["env"] == {"GLOO_SOCKET_IFNAME": "ddp0", "NCCL_IB_HCA": "mlx5_0"}
     assert fp["gpus"] == 0 and fp["gpu_topology"] == ""  # this CPU machine
-    assert all(i["name"] != "lo" and set(i) == {"name", "speed_mbps", "mtu", "ipv4", "node_ip"}
-               for i in fp["interfaces"])  # fmt: skip
+    assert all(
+        i["name"] != "lo" and set(i) == {"name", "speed_mbps", "mtu", "ipv4", "node_ip"} for i in fp["interfaces"]
+    )
     json.dumps(fp)  # stored as JSON
 
 

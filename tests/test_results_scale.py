@@ -43,7 +43,9 @@ def test_compaction_preserves_every_row_per_sweep(two_sweeps):
     n_files = len(two_sweeps.files())
     done = [compaction.compact_sweep(two_sweeps, "pcie-8x", s) for s in ("s1", "s2")]
     assert sorted((c.sweep_id, c.rows, c.files_removed) for c in done) == [
-        ("s1", len(before["s1"]), n_files // 2), ("s2", len(before["s2"]), n_files // 2)]  # fmt: skip
+        ("s1", len(before["s1"]), n_files // 2),
+        ("s2", len(before["s2"]), n_files // 2),
+    ]
     assert [Path(p).name for p in two_sweeps.files()] == [COMPACTED, COMPACTED]
     assert {s: rows_of(two_sweeps, s) for s in ("s1", "s2")} == before
 
@@ -97,8 +99,9 @@ def test_the_bulk_scan_reads_what_the_file_by_file_reader_reads(two_sweeps, monk
 
 
 @pytest.mark.parametrize("deleted_before_kill", [0, 3])
-def test_a_compaction_killed_between_its_steps_loses_and_duplicates_nothing(two_sweeps, monkeypatch,
-                                                                            deleted_before_kill):  # fmt: skip
+def test_a_compaction_killed_between_its_steps_loses_and_duplicates_nothing(
+    two_sweeps, monkeypatch, deleted_before_kill
+):
     before = rows_of(two_sweeps)
     real_remove, deleted = compaction._remove_if_unchanged, []
 
@@ -127,8 +130,11 @@ def test_a_row_measured_again_after_compaction_replaces_the_compacted_one(two_sw
     old = two_sweeps.read_table(sweep="s1").to_pylist()[0]
     newer = old | {"status": "ok", "step_ms": 123.0, "finished_at": old["finished_at"] + timedelta(hours=1)}
     two_sweeps.write_row(newer)  # a resumed sweep re-measures (cell, repeat)
-    got = [r for r in two_sweeps.read_table(sweep="s1").to_pylist()
-           if (r["cell_id"], r["repeat"]) == (old["cell_id"], old["repeat"])]  # fmt: skip
+    got = [
+        r
+        for r in two_sweeps.read_table(sweep="s1").to_pylist()
+        if (r["cell_id"], r["repeat"]) == (old["cell_id"], old["repeat"])
+    ]
     assert [r["step_ms"] for r in got] == [123.0]
     compaction.compact_sweep(two_sweeps, "pcie-8x", "s1")
     assert 123.0 in [r["step_ms"] for r in two_sweeps.read_table(sweep="s1").to_pylist()]
@@ -144,8 +150,16 @@ def test_resume_after_compaction_measures_only_the_missing_pairs(tmp_path):
     written = first.todo[:3]
     base = seed_rows()[0]
     for cell, repeat in written:
-        first.store.write_row(base | {"cluster": first.cluster, "sweep_id": "r-1", "cell_id": cell.cell_id,
-                                      "repeat": repeat, "finished_at": datetime.now(UTC)})  # fmt: skip
+        first.store.write_row(
+            base
+            | {
+                "cluster": first.cluster,
+                "sweep_id": "r-1",
+                "cell_id": cell.cell_id,
+                "repeat": repeat,
+                "finished_at": datetime.now(UTC),
+            }
+        )
     compaction.compact(first.store)
     assert [Path(p).name for p in first.store.files()] == [COMPACTED]
     resumed = plan_sweep(spec, results=str(tmp_path), resume="r-1")
@@ -178,16 +192,36 @@ def test_the_cache_reads_only_new_files_and_follows_compaction(two_sweeps, monke
     assert refreshed == len(rows_of(two_sweeps))
     compaction.compact(two_sweeps)
     assert sorted(map(tuple, cache.rows(sweep="s1")[["cell_id", "repeat"]].values.tolist())) == sorted(
-        (c, r) for _, _, c, r, _, _ in rows_of(two_sweeps, "s1"))  # fmt: skip
+        (c, r) for _, _, c, r, _, _ in rows_of(two_sweeps, "s1")
+    )
 
 
 def test_query_limits_are_clear_errors_through_the_cli(seed_store):
-    big = subprocess.run([sys.executable, "-m", "service.cli", "query", "select * from range(200000)", "--results",
-                          seed_store], capture_output=True, text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    big = subprocess.run(
+        [sys.executable, "-m", "service.cli", "query", "select * from range(200000)", "--results", seed_store],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert big.returncode == 2 and "rows" in big.stderr and "Traceback" not in big.stderr
-    slow = subprocess.run([sys.executable, "-m", "service.cli", "query", "select count(*) from range(1000000000000)",
-                           "--results", seed_store, "--timeout", "2"], capture_output=True, text=True, timeout=120,
-                          cwd=ROOT)  # fmt: skip
+    slow = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "query",
+            "select count(*) from range(1000000000000)",
+            "--results",
+            seed_store,
+            "--timeout",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert slow.returncode == 2 and "time limit" in slow.stderr
 
 
@@ -196,8 +230,9 @@ def test_query_limits_are_clear_errors_over_http(seed_store, monkeypatch):
     client = TestClient(create_app(ServiceSettings(address=None, results=seed_store, token="t")))
     auth = {"Authorization": "Bearer t"}
     big = client.post("/query", json={"sql": "select * from range(200000)"}, headers=auth)
-    slow = client.post("/query", json={"sql": "select count(*) from cells a, cells b, range(100000000000)"},
-                       headers=auth)  # fmt: skip
+    slow = client.post(
+        "/query", json={"sql": "select count(*) from cells a, cells b, range(100000000000)"}, headers=auth
+    )
     assert big.status_code == 400 and "rows" in big.json()["error"]["message"]
     assert slow.status_code == 400 and "time limit" in slow.json()["error"]["message"]
 

@@ -41,8 +41,18 @@ def test_rewriting_a_pair_replaces_its_row(seed_store):
 
 
 def test_older_schema_files_read_with_missing_columns_null(tmp_path):
-    old = pa.table({"sweep_id": ["old"], "cell_id": ["c1"], "repeat": [0], "cluster": ["legacy"], "status": ["ok"],
-                    "mode": ["ddp"], "world_size": [2], "step_ms": [10.0]})  # fmt: skip
+    old = pa.table(
+        {
+            "sweep_id": ["old"],
+            "cell_id": ["c1"],
+            "repeat": [0],
+            "cluster": ["legacy"],
+            "status": ["ok"],
+            "mode": ["ddp"],
+            "world_size": [2],
+            "step_ms": [10.0],
+        }
+    )
     folder = tmp_path / "cluster=legacy" / "sweep=old"
     folder.mkdir(parents=True)
     pq.write_table(old, folder / "c1-r0.parquet")

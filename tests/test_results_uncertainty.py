@@ -17,8 +17,9 @@ def simulated_cell(rng, true_ms: float, repeats: int, between: float, within: fl
     return [true_ms * (1 + rng.normal(0, between)) * (1 + rng.normal(0, within, steps)) for _ in range(repeats)]
 
 
-@pytest.mark.parametrize(("repeats", "between", "low", "high"), [(5, 0.05, 0.90, 0.99), (3, 0.05, 0.89, 0.99),
-                                                                  (3, 0.0, 0.93, 1.0)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("repeats", "between", "low", "high"), [(5, 0.05, 0.90, 0.99), (3, 0.05, 0.89, 0.99), (3, 0.0, 0.93, 1.0)]
+)
 def test_interval_of_the_median_covers_the_truth_about_95_percent_of_the_time(repeats, between, low, high):
     rng = np.random.default_rng(42)
     hits = 0

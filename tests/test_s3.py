@@ -61,8 +61,14 @@ def uri(endpoint: str, prefix: str) -> str:
 
 
 def ddpsweep(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env={**os.environ, **CREDENTIALS})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, **CREDENTIALS},
+    )
 
 
 @pytest.mark.ray

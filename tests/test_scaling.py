@@ -22,15 +22,27 @@ def topology_rows(cross_node_ms: float, cluster: str = "netns", same_node_ms: fl
     """3 repeats of a single baseline (100 ms) and DDP at 1x1 (101 ms), 1x2 (`same_node_ms`), 2x1
     (`cross_node_ms`)."""
     rng = np.random.default_rng(0)
-    shapes = [("single", 1, 1, 100.0), ("ddp", 1, 1, 101.0), ("ddp", 2, 1, same_node_ms),
-              ("ddp", 2, 2, cross_node_ms)]  # fmt: skip
+    shapes = [("single", 1, 1, 100.0), ("ddp", 1, 1, 101.0), ("ddp", 2, 1, same_node_ms), ("ddp", 2, 2, cross_node_ms)]
     out = []
     for mode, world, nodes, ms in shapes:
         for rep in range(3):
             times = list(ms * (1 + 0.01 * rng.standard_normal(10)))
-            out.append(row(mode, world, float(np.median(times)), bucket=None if mode == "single" else 25.0,
-                           cluster=cluster, sweep="topo", repeat=rep, num_nodes=nodes, workers_per_node=world // nodes,
-                           cell_id=f"{mode}-{world}x{nodes}", step_times_ms=times, backend="gloo"))  # fmt: skip
+            out.append(
+                row(
+                    mode,
+                    world,
+                    float(np.median(times)),
+                    bucket=None if mode == "single" else 25.0,
+                    cluster=cluster,
+                    sweep="topo",
+                    repeat=rep,
+                    num_nodes=nodes,
+                    workers_per_node=world // nodes,
+                    cell_id=f"{mode}-{world}x{nodes}",
+                    step_times_ms=times,
+                    backend="gloo",
+                )
+            )
     return out
 
 
@@ -60,9 +72,20 @@ def test_no_knee_where_efficiency_holds():
 
 
 def test_busbw_comes_from_the_largest_calibrated_message_of_each_topology():
-    cal = pd.DataFrame([{"cluster": "netns", "sweep_id": "topo", "world_size": 2, "num_nodes": n, "kind": "all_reduce",
-                         "size_bytes": size, "busbw_gbps": bw} for n, size, bw in
-                        [(1, 1 << 10, 0.1), (1, 1 << 20, 2.0), (2, 1 << 10, 0.001), (2, 1 << 20, 0.012)]])  # fmt: skip
+    cal = pd.DataFrame(
+        [
+            {
+                "cluster": "netns",
+                "sweep_id": "topo",
+                "world_size": 2,
+                "num_nodes": n,
+                "kind": "all_reduce",
+                "size_bytes": size,
+                "busbw_gbps": bw,
+            }
+            for n, size, bw in [(1, 1 << 10, 0.1), (1, 1 << 20, 2.0), (2, 1 << 10, 0.001), (2, 1 << 20, 0.012)]
+        ]
+    )
     table = scaling(pd.DataFrame(topology_rows(200.0)), cal).set_index("topology")
     assert table.loc["1x2", "busbw_gbps"] == 2.0 and table.loc["2x1", "busbw_gbps"] == 0.012
     assert np.isnan(table.loc["1x1", "busbw_gbps"])  # one rank: nothing calibrated
@@ -75,13 +98,19 @@ def test_the_report_and_the_cli_show_the_scaling_section(tmp_path):
     html = render_html(pd.DataFrame(topology_rows(200.0)), "t")
     assert "Scaling by topology" in html and "<b>Knee</b> at 2x1" in html and "alt='scaling'" in html
     cli = [sys.executable, "-m", "service.cli"]
-    out = subprocess.run([*cli, "scaling", "--results", store.uri, "--cluster", "netns"], capture_output=True,
-                         text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    out = subprocess.run(
+        [*cli, "scaling", "--results", store.uri, "--cluster", "netns"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr
     assert "knee: netns gas=1 bucket=25 MB at 2x1" in out.stdout and "1x2" in out.stdout
     figure = tmp_path / "curves.png"
     args = ["compare", "--results", store.uri, "--cluster", "netns", "--cluster", "faster-link"]
-    cmp = subprocess.run([*cli, *args, "--scaling-figure", str(figure)], capture_output=True, text=True, timeout=120,
-                         cwd=ROOT)  # fmt: skip
+    cmp = subprocess.run(
+        [*cli, *args, "--scaling-figure", str(figure)], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert cmp.returncode == 0, cmp.stderr
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and figure.stat().st_size > 10_000

@@ -19,8 +19,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def ddpsweep(address: str, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "service.cli", *args, "--address", address], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, env={**os.environ, **env})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args, "--address", address],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
 
 
 def test_jobs_commands_authenticate_with_the_cluster_token(tmp_path):

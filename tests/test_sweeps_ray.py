@@ -99,8 +99,11 @@ def test_group_measures_every_pair_in_rounds_and_a_failing_cell_is_its_own_error
 
     store = Store.open(str(tmp_path))
     assert [os.path.basename(p) for p in store.files()] == ["compacted.parquet"]  # compacted when it finished
-    kept = {(r["cell_id"], r["repeat"], r["finished_at"], r["step_ms"]) for r in store.read_table().to_pylist()
-            if r["cell_id"] != bad.cell_id}  # fmt: skip
+    kept = {
+        (r["cell_id"], r["repeat"], r["finished_at"], r["step_ms"])
+        for r in store.read_table().to_pylist()
+        if r["cell_id"] != bad.cell_id
+    }
     fault_file.write_text("")
     resumed = plan_sweep(spec, results=str(tmp_path), resume=plan.sweep_id)
     assert sorted((c.cell_id, r) for c, r in resumed.todo) == [(bad.cell_id, 0), (bad.cell_id, 1)]

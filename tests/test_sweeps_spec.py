@@ -210,9 +210,19 @@ def test_a_baseline_row_keeps_its_configuration_from_spec_to_parquet(tmp_path):
     cells = expand(parse_spec("name: b\nbucket_cap_mb: [25]"))
     single, ddp = plan_groups([(c, 0) for c in cells], sweep_id="b-1")
     now = datetime.now(UTC)
-    ctx = RowContext(sweep_id="b-1", cluster="local", spec_name="b", cpus_per_worker=1.0, placement="STRICT_PACK",
-                     backend="gloo", isolation="group", group_id=ddp.group_id, order_seed=ddp.order_seed,
-                     group_started_at=now, group_setup_s=7.5)  # fmt: skip
+    ctx = RowContext(
+        sweep_id="b-1",
+        cluster="local",
+        spec_name="b",
+        cpus_per_worker=1.0,
+        placement="STRICT_PACK",
+        backend="gloo",
+        isolation="group",
+        group_id=ddp.group_id,
+        order_seed=ddp.order_seed,
+        group_started_at=now,
+        group_setup_s=7.5,
+    )
     store = Store.open(str(tmp_path))
     for group in (single, ddp):
         store.write_row(build_row(group.slots[0], ctx, started=now, wall_s=1.0, error="boom"))

@@ -41,8 +41,14 @@ def why_no_namespaces() -> str | None:
 
 
 def script(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, "PYTHON": sys.executable})  # fmt: skip
+    return subprocess.run(
+        [str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +68,7 @@ def two_nodes():
 
 def test_the_cross_node_cell_is_slower_because_of_the_link(two_nodes, tmp_path):
     results = str(tmp_path / "results")
-    run = script("exec", sys.executable, "-m", "service.cli", "run", str(SPEC), "--address", HEAD,
-                 "--results", results)  # fmt: skip
+    run = script("exec", sys.executable, "-m", "service.cli", "run", str(SPEC), "--address", HEAD, "--results", results)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = load(results)
     ok = rows[rows["status"] == "ok"]
@@ -81,10 +86,12 @@ def test_the_cross_node_cell_is_slower_because_of_the_link(two_nodes, tmp_path):
 
     rate_gbps = RATE_MBIT * 1e6 / 8 / 1e9
     recovered = across["busbw_gbps"] / rate_gbps
-    print(f"\ntwo-node cluster, link {RATE_MBIT} Mbit/s: step 1x2 {same['step_ms']:.1f} ms "
-          f"[{same['step_ms_ci_lo']:.1f}, {same['step_ms_ci_hi']:.1f}], 2x1 {across['step_ms']:.1f} ms "
-          f"[{across['step_ms_ci_lo']:.1f}, {across['step_ms_ci_hi']:.1f}]; busbw across the link "
-          f"{across['busbw_gbps'] * 8e3:.1f} Mbit/s at {across['busbw_at_bytes'] / 2**20:.1f} MiB "
-          f"({recovered:.0%} of the tc rate); same node {same['busbw_gbps'] * 8e3:.0f} Mbit/s")  # fmt: skip
+    print(
+        f"\ntwo-node cluster, link {RATE_MBIT} Mbit/s: step 1x2 {same['step_ms']:.1f} ms "
+        f"[{same['step_ms_ci_lo']:.1f}, {same['step_ms_ci_hi']:.1f}], 2x1 {across['step_ms']:.1f} ms "
+        f"[{across['step_ms_ci_lo']:.1f}, {across['step_ms_ci_hi']:.1f}]; busbw across the link "
+        f"{across['busbw_gbps'] * 8e3:.1f} Mbit/s at {across['busbw_at_bytes'] / 2**20:.1f} MiB "
+        f"({recovered:.0%} of the tc rate); same node {same['busbw_gbps'] * 8e3:.0f} Mbit/s"
+    )
     assert 0.85 <= recovered <= 1.15  # the calibration recovers the configured link rate
     assert same["busbw_gbps"] > 2 * across["busbw_gbps"]  # and the same-node ranks never cross it

@@ -37,8 +37,10 @@ def _wrong_value(t: torch.Tensor, world: int) -> str | None:
     if not len(wrong):
         return None
     i = int(wrong[0][0])
-    return (f"all-reduce of {t.numel() * 4} bytes returned {float(t[i])} at element {i}; expected {expected:g} "
-            f"({len(wrong)} wrong element(s))")  # fmt: skip
+    return (
+        f"all-reduce of {t.numel() * 4} bytes returned {float(t[i])} at element {i}; expected {expected:g} "
+        f"({len(wrong)} wrong element(s))"
+    )
 
 
 def _any_rank(flag: bool, device: torch.device) -> bool:
@@ -50,12 +52,20 @@ def _any_rank(flag: bool, device: torch.device) -> bool:
 def _row(kind: str, size: int, times: list[float], world: int) -> dict:
     ms = statistics.median(times)
     algbw = size / (ms / 1e3)  # bytes/s
-    return {"kind": kind, "size_bytes": size, "time_ms": ms, "times_ms": times, "iters": len(times),
-            "algbw_gbps": algbw / 1e9, "busbw_gbps": algbw * 2 * (world - 1) / world / 1e9}  # fmt: skip
+    return {
+        "kind": kind,
+        "size_bytes": size,
+        "time_ms": ms,
+        "times_ms": times,
+        "iters": len(times),
+        "algbw_gbps": algbw / 1e9,
+        "busbw_gbps": algbw * 2 * (world - 1) / world / 1e9,
+    }
 
 
-def allreduce_sweep(sizes: list[int], device: torch.device, *, warmup: int = 5, iters: int = 10,
-                    all_reduce: AllReduce = dist.all_reduce) -> list[dict] | None:  # fmt: skip
+def allreduce_sweep(
+    sizes: list[int], device: torch.device, *, warmup: int = 5, iters: int = 10, all_reduce: AllReduce = dist.all_reduce
+) -> list[dict] | None:
     """Per size: the slowest rank's time per all-reduce (median over iters), algbw, busbw. The values are
     checked after every size; a wrong one raises CalibrationError on every rank."""
     world, rank = dist.get_world_size(), dist.get_rank()

@@ -252,8 +252,16 @@ def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Calla
         own += time_steps(lambda: train_step(rep), min(cfg.timed_steps, cfg.max_timed_steps - len(own)), sync, *hooks)
 
 
-def _measurement(cfg: StepConfig, rep: Replica, device: torch.device, times: list[float], peak: int | None,
-                 in_sync: bool, threads: int, setup_warmup_ms: tuple[float, float]) -> Measurement:  # fmt: skip
+def _measurement(
+    cfg: StepConfig,
+    rep: Replica,
+    device: torch.device,
+    times: list[float],
+    peak: int | None,
+    in_sync: bool,
+    threads: int,
+    setup_warmup_ms: tuple[float, float],
+) -> Measurement:
     stats = summarize(times)
     sizes = bucket_sizes(rep.module)
     tokens = cfg.tokens_per_rank * rep.world_size  # global tokens per optimizer step
