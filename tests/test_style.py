@@ -1,5 +1,5 @@
-"""The formatter owns the layout: `ruff format --check` and `ruff check` pass, and no `fmt: skip`/`fmt: off`
-marker keeps hand formatting against it."""
+"""The formatter owns the layout: `ruff format --check` and `ruff check` pass, and no formatter marker
+keeps hand formatting against it."""
 
 from __future__ import annotations
 
