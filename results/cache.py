@@ -8,13 +8,18 @@ the in-memory table, never by re-reading files.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import threading
 import time
+import weakref
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from results import isolation
 from results.errors import ResultsError, StoreNotFound, UnknownSelection
 from results.reader import RowCache
 from results.store import Store
@@ -31,6 +36,30 @@ class CachedStore:
         self._listed_at = float("-inf")
         self._lock = threading.Lock()
         self._manifests: dict[tuple[str, str], dict | None] = {}
+        self._ipc_dir = tempfile.mkdtemp(prefix="ddpsweep-cache-")
+        self._ipc: tuple[object, object, tuple[str, str]] | None = None  # (rows, calibration, paths)
+        self._ipc_lock = threading.Lock()
+        weakref.finalize(self, shutil.rmtree, self._ipc_dir, True)
+
+    def ipc_files(self) -> tuple[str, str]:
+        """The current rows and calibration as Arrow IPC files (for query children to memory-map), written
+        once per snapshot."""
+        rows, calibration = self.table(), self.calibration()
+        with self._ipc_lock:
+            if self._ipc is not None and self._ipc[0] is rows and self._ipc[1] is calibration:
+                return self._ipc[2]
+            stamp = f"{time.monotonic_ns()}"
+            paths = (
+                os.path.join(self._ipc_dir, f"rows-{stamp}.arrow"),
+                os.path.join(self._ipc_dir, f"cal-{stamp}.arrow"),
+            )
+            isolation.write_ipc(rows, paths[0])
+            isolation.write_ipc(pa.Table.from_pandas(calibration, preserve_index=False), paths[1])
+            if self._ipc is not None:  # a child still mapping the old files keeps them until it ends
+                for old in self._ipc[2]:
+                    os.unlink(old)
+            self._ipc = (rows, calibration, paths)
+            return paths
 
     def table(self) -> pa.Table:
         """Every row (refreshed if the last listing is older than refresh_s)."""

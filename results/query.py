@@ -28,7 +28,7 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
-from results import analysis, costmodel
+from results import analysis, costmodel, isolation, reader
 from results.errors import QueryError, StoreNotFound
 from results.schema import SCHEMA
 from results.store import Store
@@ -81,6 +81,10 @@ def views_of(
     if table.num_rows == 0 and calibration.empty:
         raise StoreNotFound(f"no results under {root!r}: run a sweep first (ddpsweep run SPEC --results {root})")
     out: dict[str, pd.DataFrame | object] = {"calibration": calibration}
+    columns = _columns(sql)
+    if columns is not None:  # the CLI reads only these; the server narrows its cached rows the same way
+        keep = set(reader.projection(columns).names)
+        table = table.select([c for c in table.column_names if c in keep])
     rows = table.to_pandas() if _uses(sql, *INTERVAL_COLUMNS, *CELL_FLAGS, "cell_intervals", *ANALYSES) else None
     if rows is not None and _uses(sql, *INTERVAL_COLUMNS, "cell_intervals"):
         out["cell_intervals"] = analysis.ok_cells(rows)[[*analysis.CONFIG_KEYS, *INTERVAL_COLUMNS]]
@@ -158,27 +162,54 @@ def scrub(message: str, *extra: str) -> str:
     return message
 
 
-def run_limited(con: duckdb.DuckDBPyConnection, sql: str, timeout_s: float, max_rows: int) -> pd.DataFrame:
-    """Run `sql` on `con`; interrupt it after timeout_s, refuse results over max_rows rows."""
+def run_limited(
+    con: duckdb.DuckDBPyConnection, sql: str, timeout_s: float, max_rows: int, max_bytes: int | None = None
+) -> pa.Table:
+    """Run `sql` on `con`; interrupt it after timeout_s, refuse results over max_rows rows or
+    isolation.MAX_RESULT_BYTES bytes."""
     timer = threading.Timer(timeout_s, con.interrupt)
     timer.start()
     try:
         reader = con.sql(sql).to_arrow_reader(10_000)
-        batches, rows = [], 0
+        batches, rows, size = [], 0, 0
         for batch in reader:
-            rows += batch.num_rows
+            rows, size = rows + batch.num_rows, size + batch.nbytes
             if rows > max_rows:
                 raise QueryError(f"result too large: over {max_rows} rows; add a LIMIT or aggregate")
+            if size > (max_bytes or isolation.MAX_RESULT_BYTES):
+                raise QueryError(f"result too large: over {(max_bytes or isolation.MAX_RESULT_BYTES) / 2**20:g} MiB")
             batches.append(batch)
-        return reader.schema.empty_table().to_pandas() if not batches else _to_df(batches)
+        return pa.Table.from_batches(batches, schema=reader.schema)
     except duckdb.InterruptException:
         raise QueryError(f"query exceeded the time limit of {timeout_s:g} s") from None
+    except OSError as e:  # the interrupt landing mid-stream surfaces from the Arrow reader
+        if "interrupt" in str(e).lower():
+            raise QueryError(f"query exceeded the time limit of {timeout_s:g} s") from None
+        raise QueryError(scrub(str(e)[:300])) from None
     finally:
         timer.cancel()
 
 
-def _to_df(batches: list) -> pd.DataFrame:
-    return pa.Table.from_batches(batches).to_pandas()
+def query_arrow(
+    sql: str,
+    frames: dict[str, object],
+    *,
+    timeout_s: float,
+    max_rows: int,
+    max_bytes: int | None = None,
+    root: str = "",
+) -> pa.Table:
+    """The one query path (CLI, server's child process): `sql` over views already built, as an Arrow table."""
+    check_read_only(sql)
+    con = sandboxed(frames)
+    try:
+        return run_limited(con, sql, timeout_s, max_rows, max_bytes)
+    except duckdb.Error as e:
+        raise QueryError(scrub(str(e), root)) from None
+    except MemoryError:
+        raise QueryError("query ran out of memory; aggregate or add a LIMIT") from None
+    finally:
+        con.close()
 
 
 def query(
@@ -189,17 +220,15 @@ def query(
     max_rows: int | None = None,
     frames: dict[str, object] | None = None,
 ) -> pd.DataFrame:
-    """Run one read-only SQL query over the store's views (limits default to QUERY_TIMEOUT_S and
-    MAX_RESULT_ROWS; `frames`: views already built, e.g. from the server's cached rows). Raises QueryError
-    with DuckDB's message, scrubbed of server paths."""
+    """Run one read-only SQL query over the store's views in this process (limits default to QUERY_TIMEOUT_S
+    and MAX_RESULT_ROWS; `frames`: views already built). Raises QueryError with DuckDB's message, scrubbed of
+    server paths. Its memory is bounded by the caller (the CLI: results.isolation.limit_address_space)."""
     check_read_only(sql)
-    con = sandboxed(frames if frames is not None else views(root, sql))
-    try:
-        return run_limited(con, sql, timeout_s or QUERY_TIMEOUT_S, max_rows or MAX_RESULT_ROWS)
-    except duckdb.Error as e:
-        raise QueryError(scrub(str(e), root)) from None
-    finally:
-        con.close()
+    frames = frames if frames is not None else views(root, sql)
+    table = query_arrow(
+        sql, frames, timeout_s=timeout_s or QUERY_TIMEOUT_S, max_rows=max_rows or MAX_RESULT_ROWS, root=root
+    )
+    return isolation.to_frame(table)
 
 
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")

@@ -6,6 +6,7 @@ Files are written under a hidden temporary name and renamed, so readers never se
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -27,13 +28,13 @@ from results.schema import CALIBRATION, conform_to, row_table
 
 log = logging.getLogger(__name__)
 COMPACTED = "compacted.parquet"  # a sweep's rows in one file (in its folder), or a cluster's pack (in the cluster's)
-LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 LABEL_RULE = "a label of letters, digits, '_', '.', '-' (max 64)"
 
 
 def valid_label(value: str) -> bool:
     """Labels (cluster, sweep id, cell id) are safe path segments: no '/', no '..', no leading dot."""
-    return bool(LABEL_RE.match(value)) and ".." not in value
+    return bool(LABEL_RE.fullmatch(value)) and ".." not in value  # fullmatch: no trailing newline
 
 
 def require_label(field: str, value: str) -> str:
@@ -93,13 +94,22 @@ class Store:
             self.sweep_dir(row["cluster"], row["sweep_id"]), name, lambda out: pq.write_table(table, out)
         )
 
-    def write_atomic(self, folder: str, name: str, write) -> str:
-        """`write(stream)` into a hidden temporary file, then rename it to `name`: readers never see half."""
+    def write_atomic(self, folder: str, name: str, write, before_rename=None) -> str:
+        """`write(stream)` into a hidden temporary file, then rename it to `name`: readers never see half.
+        `before_rename()` may raise to abandon the write. The temporary file never outlives a failure
+        (a full disk, a refused check)."""
         self.fs.create_dir(folder, recursive=True)
         tmp = f"{folder}/.{name}.{uuid.uuid4().hex[:8]}.tmp"
-        with self.fs.open_output_stream(tmp) as out:
-            write(out)
-        self.fs.move(tmp, f"{folder}/{name}")  # atomic rename on local and POSIX-like filesystems
+        try:
+            with self.fs.open_output_stream(tmp) as out:
+                write(out)
+            if before_rename is not None:
+                before_rename()
+            self.fs.move(tmp, f"{folder}/{name}")  # atomic rename on local and POSIX-like filesystems
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self.fs.delete_file(tmp)
+            raise
         return f"{folder}/{name}"
 
     def write_calibration(self, rows: list[dict]) -> str:
@@ -191,7 +201,10 @@ class Store:
                 elif entry.is_dir(follow_symlinks=False):
                     stack.append(entry.path)
                 elif entry.is_file(follow_symlinks=False):
-                    st = entry.stat(follow_symlinks=False)
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # renamed or deleted since the listing: simply not there
                     found.append(FileStat(entry.path, st.st_mtime_ns, st.st_size))
         return found
 

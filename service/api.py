@@ -22,8 +22,10 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from results import compare as compare_mod
+from results import isolation
 from results import query as query_mod
 from results.cache import CachedStore
+from results.errors import StoreNotFound
 from results.report import render_html
 from results.store import require_label
 from service import dashboard, jobs
@@ -132,9 +134,14 @@ def _frame_response(df: pd.DataFrame, fmt: str) -> Response:
 
 
 def _cached_query(cache: CachedStore, sql: str) -> pd.DataFrame:
+    """One query in a child process under results.isolation's limits (memory, deadline, result bytes)."""
     query_mod.check_read_only(sql)  # refused before anything is computed
-    frames = query_mod.views_of(cache.table(), cache.calibration(), sql, cache.root)
-    return query_mod.query(cache.root, sql, frames=frames)
+    if cache.table().num_rows == 0 and cache.calibration().empty:
+        raise StoreNotFound(f"no results under {cache.root!r}: run a sweep first")
+    rows_ipc, calibration_ipc = cache.ipc_files()
+    return isolation.query_in_child(
+        rows_ipc, calibration_ipc, sql, timeout_s=query_mod.QUERY_TIMEOUT_S, max_rows=query_mod.MAX_RESULT_ROWS
+    )
 
 
 def create_app(settings: ServiceSettings) -> FastAPI:

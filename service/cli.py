@@ -157,11 +157,18 @@ def query(
     timeout: Annotated[float, typer.Option(help="wall-clock limit in seconds", min=0.1, max=3600)] = 30.0,
 ) -> None:
     """SQL (DuckDB, read-only, sandboxed) over the results store (at most 100000 result rows)."""
+    from results import isolation
     from results.query import query as run_query
     from results.query import render
 
+    def expired() -> None:  # an interrupt DuckDB did not honour, or views that ran past the limit
+        typer.echo(f"error: query exceeded the time limit of {timeout:g} s", err=True)
+        os._exit(2)
+
     try:
-        typer.echo(render(run_query(results, sql, timeout_s=timeout), fmt))
+        isolation.limit_address_space()
+        with isolation.hard_deadline(timeout + isolation.GRACE_S, expired):
+            typer.echo(render(run_query(results, sql, timeout_s=timeout), fmt))
     except DDPSweepError as e:
         raise fail(str(e)) from None
 
@@ -184,11 +191,18 @@ def compact(
         done = run_compact(Store.open(results), cluster, sweep)
     except DDPSweepError as e:
         raise fail(str(e)) from None
-    for c in (c for c in done if c.files_read):
+    for c in (c for c in done if c.files_read or c.skipped):
         where = f"cluster={c.cluster}" + (" pack" if c.sweep_id == "*" else f" sweep={c.sweep_id}")
-        typer.echo(f"{where}: {c.files_read} file(s) -> 1, {c.rows} rows, {c.files_removed} file(s) removed")
-    idle = sum(not c.files_read for c in done)
-    typer.echo(f"{len(done) - idle} compacted, {idle} already compact" if done else "nothing to compact")
+        if c.skipped:
+            typer.echo(f"{where}: skipped: {c.skipped}", err=True)
+        else:
+            typer.echo(f"{where}: {c.files_read} file(s) -> 1, {c.rows} rows, {c.files_removed} file(s) removed")
+    idle = sum(not c.files_read and not c.skipped for c in done)
+    skipped = sum(bool(c.skipped) for c in done)
+    counts = f"{len(done) - idle - skipped} compacted, {idle} already compact" + (
+        f", {skipped} skipped" * bool(skipped)
+    )
+    typer.echo(counts if done else "nothing to compact")
 
 
 @app.command()

@@ -20,6 +20,8 @@ import ray
 from ray import tune
 
 from results import compaction
+from results.errors import StoreNotFound
+from results.lease import LeaseHeld, lease
 from results.store import Store, require_label
 from sweeps import machine, preflight
 from sweeps.grid import Cell, Group, calibration_groups, expand, plan_groups
@@ -42,6 +44,7 @@ class SweepPlan:
     cells: list[Cell]
     todo: list[tuple[Cell, int]]
     calibrate_only: bool = False  # `ddpsweep calibrate`: the groups' calibrations, no cells
+    resumed: bool = False  # --resume: todo is what the stored sweep lacks
 
     @property
     def planned(self) -> int:
@@ -77,30 +80,65 @@ def plan_sweep(
     store = Store.open(results or spec.results)
     cluster = cluster or spec.cluster
     cells = expand(spec)
-    pairs = [(c, r) for c in cells for r in range(spec.repeats)]
     require_label("--cluster", cluster)
     if resume is None:
         if sweep_id is not None:
             require_label("--sweep-id", sweep_id)
-        exists = sweep_id is not None and (
-            store.read_manifest(cluster, sweep_id) or sweep_id in store.labels().get(cluster, [])
-        )
-        if exists:
+        plan = SweepPlan(spec, sweep_id or new_sweep_id(spec.name), cluster, store, cells, [])
+    else:
+        plan = SweepPlan(spec, require_label("--resume", resume), cluster, store, cells, [], resumed=True)
+    # a generated id is new by construction: a dry run never touches the store (it may be unreachable from here)
+    fresh = resume is None and sweep_id is None
+    plan.todo = [(c, r) for c in cells for r in range(spec.repeats)] if fresh else pending(plan)
+    return plan
+
+
+def pending(plan: SweepPlan) -> list[tuple[Cell, int]]:
+    """The (cell, repeat) pairs still to measure: every pair of a new sweep (whose id must be unused), the
+    pairs without an ok row of a resumed one (whose grid must be the one it was started with)."""
+    store, cluster, sweep_id = plan.store, plan.cluster, plan.sweep_id
+    pairs = [(c, r) for c in plan.cells for r in range(plan.spec.repeats)]
+    if not plan.resumed:
+        if store.read_manifest(cluster, sweep_id) or sweep_id in store.labels().get(cluster, []):
             raise SpecError(
                 "--sweep-id",
                 sweep_id,
                 f"a new id: that sweep exists under cluster={cluster} "
                 f"(continue it with --resume {sweep_id}; its rows are never overwritten)",
             )
-        return SweepPlan(spec, sweep_id or new_sweep_id(spec.name), cluster, store, cells, pairs)
-    manifest = store.read_manifest(cluster, require_label("--resume", resume))
+        return pairs
+    manifest = store.read_manifest(cluster, sweep_id)
     if manifest is None:
-        raise SpecError("--resume", resume, f"a sweep id under cluster={cluster} in {store.uri}")
-    if sorted(manifest["cells"]) != sorted(c.cell_id for c in cells):
-        raise SpecError("--resume", resume, "the same spec the sweep was started with (its grid differs)")
-    done = {(r["cell_id"], r["repeat"]) for r in store.read_table(cluster, resume).to_pylist() if r["status"] == "ok"}
-    todo = [(c, r) for c, r in pairs if (c.cell_id, r) not in done]
-    return SweepPlan(spec, resume, cluster, store, cells, todo)
+        raise SpecError("--resume", sweep_id, f"a sweep id under cluster={cluster} in {store.uri}")
+    if sorted(manifest["cells"]) != sorted(c.cell_id for c in plan.cells):
+        raise SpecError("--resume", sweep_id, "the same spec the sweep was started with (its grid differs)")
+    done = {(r["cell_id"], r["repeat"]) for r in store.read_table(cluster, sweep_id).to_pylist() if r["status"] == "ok"}
+    return [(c, r) for c, r in pairs if (c.cell_id, r) not in done]
+
+
+CLAIM = "_claim.lock"  # in the sweep's folder: held by the one run measuring it (results.lease)
+
+
+@contextmanager
+def claimed(plan: SweepPlan) -> Iterator[None]:
+    """Hold the sweep's claim while it runs, taken atomically before Ray starts (local disk: flock; object
+    stores: a lease object, see results.lease): a second run of the same id (two `--sweep-id X`, two
+    `--resume X`) is refused with the first's pid and host. Under the claim the pending pairs are worked out
+    again, so a run that waited behind another measures only what that one left."""
+    field = "--resume" if plan.resumed else "--sweep-id"
+    folder = plan.store.sweep_dir(plan.cluster, plan.sweep_id)
+    held = lease(plan.store.fs, folder, CLAIM, purpose="measuring", what=f"sweep {plan.sweep_id}", ttl_s=60)
+    try:
+        held.__enter__()
+    except LeaseHeld as e:
+        raise SpecError(field, plan.sweep_id, f"an id no other run is measuring now: {e}") from None
+    except OSError as e:
+        raise StoreNotFound(f"--results {plan.store.uri!r}: cannot write there ({str(e)[:200]})") from None
+    try:
+        plan.todo = pending(plan)
+        yield
+    finally:
+        held.__exit__(None, None, None)
 
 
 def _decode_row(text: str | dict) -> dict:
@@ -250,7 +288,7 @@ def _execute(plan: SweepPlan, address: str | None, verbose: bool, progress: Prog
     outcome = SweepOutcome(plan.sweep_id, plan.cluster, plan.store.uri)
     storage = _storage_path(plan)
     try:
-        with ray_session(address, verbose):
+        with claimed(plan), ray_session(address, verbose):
             res = preflight.ClusterResources.from_ray()
             opts = resolve_options(plan, res, storage)
             preflight.check(plan.cells, res, opts.cpus_per_worker, opts.use_gpu, field=_grid_field(plan.spec))
@@ -259,7 +297,7 @@ def _execute(plan: SweepPlan, address: str | None, verbose: bool, progress: Prog
                 writer = RowWriter(plan.store, opts, progress)
                 _tuner(plan, opts, writer, verbose).fit()
                 outcome.rows, outcome.calibrations = writer.rows, writer.calibrations
-        _compact(plan)
+            _compact(plan)  # under the claim: a --resume of this id cannot add rows meanwhile
     finally:
         if plan.store.is_local:
             shutil.rmtree(storage, ignore_errors=True)  # Tune/Train bookkeeping only; the rows are in the store

@@ -1,0 +1,84 @@
+"""SQL memory bombs, deadlines and result sizes (hardening round 3): the process that runs a query is bounded,
+not only DuckDB's buffer manager; the server stays up and answers the next request."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from results import isolation
+from service.api import ServiceSettings, create_app
+
+ROOT = Path(__file__).resolve().parent.parent
+AUTH = {"Authorization": "Bearer t"}
+BOMBS = [
+    "SELECT len(range(400000000))",  # 3.2 GB list: took a server to 15.6 GB before
+    "SELECT length(repeat('x', 2000000000))",  # a 2 GB string
+    "SELECT list_sum(range(300000000)) FROM range(4)",
+]
+
+
+@pytest.fixture
+def client(seed_store, monkeypatch):
+    monkeypatch.setattr("results.query.QUERY_TIMEOUT_S", 20.0)
+    return TestClient(create_app(ServiceSettings(address=None, results=seed_store, token="t")))
+
+
+@pytest.mark.parametrize("sql", BOMBS)
+def test_memory_bombs_over_http_are_refused_and_the_server_answers_next(client, sql):
+    started = time.monotonic()
+    bomb = client.post("/query", json={"sql": sql}, headers=AUTH)
+    assert bomb.status_code == 400, bomb.text[:300]
+    assert "memory" in bomb.json()["error"]["message"].lower()
+    assert time.monotonic() - started < 20
+    after = client.post("/query", json={"sql": "select count(*) as n from cells"}, headers=AUTH)
+    assert after.status_code == 200 and after.json() == [{"n": 8}], after.text[:300]
+
+
+def test_a_result_over_the_byte_bound_is_refused(client, monkeypatch):
+    monkeypatch.setattr(isolation, "MAX_RESULT_BYTES", 1_000_000)  # handed to the child with each query
+    big = client.post("/query", json={"sql": "select repeat('x', 100000) as s from range(50)"}, headers=AUTH)
+    assert big.status_code == 400 and "MiB" in big.json()["error"]["message"], big.text[:300]
+
+
+def test_analysis_views_run_inside_the_deadline(client, monkeypatch):
+    """The views (bootstraps) are computed in the child: a deadline shorter than they take is a time-limit
+    error, not a query that runs on."""
+    monkeypatch.setattr("results.query.QUERY_TIMEOUT_S", 0.01)
+    monkeypatch.setattr(isolation, "GRACE_S", 0.0)
+    late = client.post("/query", json={"sql": "select count(*) from u_curve"}, headers=AUTH)
+    assert late.status_code == 400 and "time limit" in late.json()["error"]["message"], late.text[:300]
+
+
+def test_server_and_cli_give_one_answer(client, seed_store):
+    sql = "select COLUMNS('mod.|gas') from cells order by all limit 1"
+    over_http = client.post("/query", json={"sql": sql, "format": "csv"}, headers=AUTH).text
+    cli = subprocess.run(
+        [sys.executable, "-m", "service.cli", "query", sql, "--results", seed_store, "--format", "csv"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert cli.returncode == 0 and cli.stdout.strip() == over_http.strip()
+    assert over_http.splitlines()[0] == "model,mode,gas"  # a regex: model matches too
+
+
+def test_a_memory_bomb_in_the_cli_is_one_line_with_bounded_memory(seed_store):
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    run = subprocess.run(
+        [sys.executable, "-m", "service.cli", "query", BOMBS[0], "--results", seed_store],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert run.returncode == 2 and "memory" in run.stderr.lower() and "Traceback" not in run.stderr, run.stderr
+    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    assert max(before, peak_kb) < 3 * 2**20  # KiB: under 3 GiB, where it reached 7.3 GB before
