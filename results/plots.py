@@ -6,11 +6,16 @@ thread-safe, and the HTTP server renders reports for concurrent requests on a th
 
 from __future__ import annotations
 
+import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
 from results import analysis
+
+# Labels come from stored values (cluster folders, spec names): drawn as plain text, never as mathtext
+# (a folder named `m$\\frac{x$` made every report a 500).
+matplotlib.rcParams["text.parse_math"] = False
 
 
 def _subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float], squeeze: bool = True):

@@ -243,6 +243,7 @@ def to_csv(df: pd.DataFrame) -> str:
     """CSV with list columns (step times, bucket sizes, hosts) as JSON arrays, one row per line; text that
     starts with = + - @ (a spreadsheet formula) is prefixed with ' so it stays text."""
     out = df.copy()
+    out.columns = [_cell_text(str(c)) for c in out.columns]  # SQL aliases are text a spreadsheet would run too
     for col in out.columns:
         if out[col].dtype == object and out[col].map(lambda v: hasattr(v, "__len__") and not isinstance(v, str)).any():
             out[col] = out[col].map(lambda v: json.dumps(list(v), default=float) if v is not None else "")

@@ -196,6 +196,15 @@ def latest_per_key(table: pa.Table) -> pa.Table:
     return table.take(pa.array(sorted(keep)))
 
 
+LABEL_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"  # results.store.valid_label: also no ".."
+
+
+def _labels_ok(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Where `column` holds a valid label (a pack's sweep ids are checked like folder names)."""
+    whole = pc.match_substring_regex(column, f"^{LABEL_PATTERN}$")
+    return pc.and_(whole, pc.invert(pc.match_substring(column, ".."))).fill_null(False)
+
+
 def check_rows(table: pa.Table, source: pa.DictionaryArray, skipped: set[str] | None = None) -> pa.Table:
     """Skip, with a warning naming each file, ok rows whose step time is not a positive finite number and
     rows whose `cluster` / `sweep_id` disagree with the folders (cluster=<c>/sweep=<s>/) they sit in."""
@@ -211,13 +220,15 @@ def check_rows(table: pa.Table, source: pa.DictionaryArray, skipped: set[str] | 
         expected = pa.array([f.get(key) for f in folders], pa.string()).take(source.indices)
         agrees = pc.or_kleene(pc.is_null(expected), pc.equal(table[column], expected)).fill_null(False)
         filed = pc.and_(filed, agrees)
-    keep = pc.and_(possible, filed)
+    labelled = pc.and_(_labels_ok(table["cluster"]), _labels_ok(table["sweep_id"]))
+    keep = pc.and_(pc.and_(possible, filed), labelled)
     if pc.all(keep).as_py():
         return table
     paths = source.dictionary.to_pylist()
     for mask, why in (
         (possible, "with an impossible measurement"),
         (filed, "whose cluster / sweep_id disagree with its folders"),
+        (labelled, "whose cluster / sweep_id is not a valid label"),
     ):
         bad = source.indices.filter(pc.invert(mask)).to_pylist()
         for i in sorted(set(bad)):

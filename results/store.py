@@ -28,7 +28,7 @@ from results.schema import CALIBRATION, conform_to, row_table
 
 log = logging.getLogger(__name__)
 COMPACTED = "compacted.parquet"  # a sweep's rows in one file (in its folder), or a cluster's pack (in the cluster's)
-LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+LABEL_RE = re.compile(reader.LABEL_PATTERN)
 LABEL_RULE = "a label of letters, digits, '_', '.', '-' (max 64)"
 
 
@@ -228,11 +228,16 @@ class Store:
         return {c: sorted(s) for c, s in sorted(found.items()) if s}
 
     def _pack_sweeps(self, path: str) -> list[str]:
+        """A pack's sweep ids, checked like folder names (a crafted pack cannot smuggle markup or paths)."""
         try:
-            return pc.unique(pq.read_table(path, columns=["sweep_id"], filesystem=self.fs)["sweep_id"]).to_pylist()
+            ids = pc.unique(pq.read_table(path, columns=["sweep_id"], filesystem=self.fs)["sweep_id"]).to_pylist()
         except (pa.ArrowException, OSError, KeyError) as e:
             log.warning("skipping unreadable results file %s: %s", path, e)
             return []
+        bad = [i for i in ids if not isinstance(i, str) or not valid_label(i)]
+        if bad:
+            log.warning("skipping %d sweep id(s) of %s that are not valid labels: %.80r", len(bad), path, bad)
+        return [i for i in ids if i not in bad]
 
 
 S3_OPTIONS = ("endpoint_override", "region", "scheme", "allow_bucket_creation")

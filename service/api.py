@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from results import compare as compare_mod
 from results import isolation
@@ -43,6 +44,7 @@ class ServiceSettings:
     token: str | None  # bearer token for mutating endpoints and /query
     max_body_bytes: int = MAX_BODY_BYTES
     public_reads: bool = True  # reads without a token; `serve` sets False when it binds beyond loopback
+    allowed_hosts: tuple[str, ...] | None = None  # Host header values accepted (None: any; `serve` sets them)
 
 
 class ApiError(DDPSweepError):
@@ -152,6 +154,10 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         description="Submit DDP sweeps to a Ray cluster and query their Parquet results.",
     )
     install_error_handlers(app, settings)
+    if settings.allowed_hosts is not None:
+        # A DNS-rebinding page reaches a loopback server under its own host name: only the names the server
+        # was started for are served, so the token-free reads stay this machine's.
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(settings.allowed_hosts))
     auth = Depends(require_token(settings))
     # Reads (rows, fingerprints with host names and NCCL settings, logs, the pages) are open on loopback only:
     # bound beyond it, every endpoint but the API docs asks for the token.

@@ -427,8 +427,13 @@ def serve(
     address: AddressOpt = None,
     results: ResultsOpt = DEFAULT_RESULTS,
     token: Annotated[str | None, typer.Option(help="bearer token for mutating endpoints (or DDPSWEEP_TOKEN)")] = None,
+    allow_host: Annotated[
+        list[str], typer.Option("--allow-host", help="another Host name to serve on loopback (e.g. behind a proxy)")
+    ] = [],  # noqa: B006 — typer's list default
 ) -> None:
-    """The HTTP API (OpenAPI at /openapi.json, docs at /docs)."""
+    """The HTTP API (OpenAPI at /openapi.json, docs at /docs). On loopback only requests for 127.0.0.1,
+    localhost or ::1 (and --allow-host names) are served: a DNS-rebinding page cannot read the token-free
+    endpoints."""
     import os
 
     import uvicorn
@@ -444,8 +449,11 @@ def serve(
 
         token = secrets.token_urlsafe(24)
         typer.echo(f"no token given: this server's bearer token is {token}", err=True)
+    loopback = is_loopback(f"http://{host}")
+    hosts = ("127.0.0.1", "localhost", "[::1]", "::1") if loopback else None  # beyond loopback: the token guards
+    hosts = (*hosts, *allow_host) if hosts is not None else None
     settings = ServiceSettings(
-        address=address, results=results, token=token, public_reads=is_loopback(f"http://{host}")
+        address=address, results=results, token=token, public_reads=loopback, allowed_hosts=hosts
     )
     uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
 

@@ -12,6 +12,8 @@ import html
 import json
 import math
 
+import jinja2
+import markupsafe
 import pandas as pd
 
 from results import analysis, scaling
@@ -30,12 +32,17 @@ th{background:#f4f4f4}td.l,th.l{text-align:left}nav a{margin-right:1em}.charts{d
 .chart .title{font-size:13px;font-weight:600}.point:hover{r:6}.err{color:#b00}.empty{color:#777}"""
 
 
+TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("service", "templates"),
+    autoescape=True,  # every value is text unless marked safe (the SVG charts, already escaped by service.svg)
+    undefined=jinja2.StrictUndefined,
+)
+
+
 def page(title: str, body: str, script: str = "") -> str:
-    return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{STYLE}</style></head><body><nav><a href='/'>sweeps</a><a href='/ui/compare'>compare</a>"
-        f"<a href='/docs'>API</a></nav><h1>{html.escape(title)}</h1>{body}"
-        f"{'<script>' + script + '</script>' if script else ''}</body></html>"
+    """A page: `body` is HTML built from escaped parts (templates, service.svg); `title` is text."""
+    return TEMPLATES.get_template("base.html").render(
+        title=title, style=markupsafe.Markup(STYLE), body=markupsafe.Markup(body), script=markupsafe.Markup(script)
     )
 
 
@@ -90,14 +97,29 @@ def _jobs_by_sweep(address: str | None) -> dict:
 
 
 SWEEPS_SCRIPT = """
+const COLUMNS = ['cluster', 'sweep_id', 'spec_name', 'started', 'state'];
+function cell(text, cls) {  // text only: a stored value never becomes markup
+  const td = document.createElement('td'); td.className = cls; td.textContent = text; return td;
+}
+function sweepRow(s) {
+  const tr = document.createElement('tr'); tr.dataset.sweep = s.sweep_id;
+  for (const key of COLUMNS) {
+    const td = cell(key === 'sweep_id' ? '' : s[key], 'l');
+    if (key === 'sweep_id') {
+      const a = document.createElement('a');
+      a.href = '/ui/sweep/' + encodeURIComponent(s.cluster) + '/' + encodeURIComponent(s.sweep_id);
+      a.textContent = s.sweep_id; td.appendChild(a);
+    }
+    tr.appendChild(td);
+  }
+  tr.appendChild(cell(s.written + '/' + (s.planned || '?'), 'written'));
+  tr.appendChild(cell(String(s.errors), ''));
+  return tr;
+}
 async function refresh(){
   const r = await fetch('/ui/sweeps.json'); if(!r.ok) return;
   const rows = await r.json();
-  document.getElementById('sweeps').innerHTML = rows.map(s => `<tr data-sweep="${s.sweep_id}">`
-    + `<td class=l>${s.cluster}</td><td class=l><a href="/ui/sweep/${encodeURIComponent(s.cluster)}/`
-    + `${encodeURIComponent(s.sweep_id)}">${s.sweep_id}</a></td><td class=l>${s.spec_name}</td>`
-    + `<td class=l>${s.started}</td><td class=l>${s.state}</td><td class=written>${s.written}/${s.planned || '?'}</td>`
-    + `<td>${s.errors}</td></tr>`).join('');
+  document.getElementById('sweeps').replaceChildren(...rows.map(sweepRow));
   document.getElementById('updated').textContent = new Date().toLocaleTimeString();
 }
 refresh(); setInterval(refresh, 2000);
@@ -105,13 +127,9 @@ refresh(); setInterval(refresh, 2000);
 
 
 def sweeps_page() -> str:
-    head = "".join(f"<th class=l>{h}</th>" for h in ("cluster", "sweep", "spec", "started", "state"))
-    body = (
-        f"<p>Every sweep in the results store; updated <span id='updated'>…</span>.</p>"
-        f"<table><thead><tr>{head}<th>written / planned</th><th>errors</th></tr></thead>"
-        f"<tbody id='sweeps'></tbody></table>"
+    return TEMPLATES.get_template("sweeps.html").render(
+        title="ddpsweep sweeps", style=markupsafe.Markup(STYLE), script=markupsafe.Markup(SWEEPS_SCRIPT)
     )
-    return page("ddpsweep sweeps", body, SWEEPS_SCRIPT)
 
 
 def _finite(v) -> float | None:
@@ -180,11 +198,8 @@ def scaling_section(rows: pd.DataFrame, calibration: pd.DataFrame) -> list[str]:
 
 def _table(df: pd.DataFrame, columns: list[str], table_id: str) -> str:
     cols = [c for c in columns if c in df.columns]
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_cell(r[c]))}</td>" for c in cols) + "</tr>" for _, r in df.iterrows()
-    )
-    return f"<table id='{table_id}'><tr>{head}</tr>{body}</table>"
+    rows = [[_cell(r[c]) for c in cols] for _, r in df.iterrows()]
+    return TEMPLATES.get_template("table.html").render(table_id=table_id, columns=cols, rows=rows)
 
 
 def _cell(v) -> str:

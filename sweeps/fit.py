@@ -9,7 +9,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from ray.util.queue import Queue
 
 from sweeps.grid import Group
-from sweeps.trial import TrialOptions, placement_for
+from sweeps.options import TrialOptions, placement_for
 from sweeps.worker import train_fn_per_worker
 
 # Propagated by Ray Train from its driver (this task) to the controller and workers.

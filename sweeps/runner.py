@@ -25,9 +25,10 @@ from results.lease import LeaseHeld, lease
 from results.store import Store, require_label
 from sweeps import machine, preflight
 from sweeps.grid import Cell, Group, calibration_groups, expand, plan_groups
+from sweeps.options import TrialOptions
 from sweeps.rows import build_row, now
 from sweeps.spec import SpecError, SweepSpec, new_sweep_id
-from sweeps.trial import TrialOptions, row_context, trial_fn
+from sweeps.trial import row_context, trial_fn
 
 ProgressFn = Callable[[dict], None]
 log = logging.getLogger(__name__)

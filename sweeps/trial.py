@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Generator, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from datetime import datetime
 
 import ray
@@ -26,34 +26,10 @@ from ray.util.queue import Queue
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from sweeps.grid import Cell, Group, Slot
+from sweeps.options import TrialOptions, placement_for
 from sweeps.rows import RowContext, build_row, now
 
 POLL_S = 0.1  # how often the trial looks at the outbox and the fit (never inside a measurement)
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrialOptions:
-    """Sweep-wide settings every trial needs (resolved against the cluster by the driver)."""
-
-    sweep_id: str
-    cluster: str
-    spec_name: str
-    use_gpu: bool
-    backend: str  # nccl | gloo
-    cpus_per_worker: float
-    placement: str  # auto | a Ray strategy
-    collective_timeout_s: float
-    cell_timeout_s: float
-    env: dict
-    storage_path: str
-
-
-def placement_for(cell: Cell, requested: str) -> str:
-    if requested != "auto":
-        return requested
-    if cell.num_nodes == 1:
-        return "STRICT_PACK"
-    return "STRICT_SPREAD" if cell.workers_per_node == 1 else "PACK"
 
 
 def row_context(group: Group, opts: TrialOptions, started: datetime) -> RowContext:

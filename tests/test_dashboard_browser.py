@@ -176,3 +176,63 @@ def test_the_compare_page_overlays_two_clusters(browser, server):
     assert ratios and all(abs(r - 0.8) < 0.03 for r in ratios)  # b/a = 0.8 as made (a bootstrap point estimate)
     browser.save_screenshot(str(shots() / "compare.png"))
     no_console_errors(browser)
+
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+
+
+@pytest.fixture
+def hostile_server(tmp_path):
+    """A store whose spec name, cluster folder and a pack's sweep id carry markup that would run if injected."""
+    import pyarrow.parquet as pq
+
+    from results.schema import row_table
+    from tests.seed_rows import seed_rows
+
+    root = tmp_path / "store"
+    store = Store.open(str(root))
+    for r in seed_rows(cluster="ok", sweep="s1"):
+        store.write_row(r | {"spec_name": HOSTILE})
+    folder = root / "cluster=<img src=x onerror=alert(2)>" / "sweep=s2"
+    folder.mkdir(parents=True)
+    for i, r in enumerate(seed_rows(cluster="<img src=x onerror=alert(2)>", sweep="s2")):
+        pq.write_table(row_table(r), folder / f"c{i}-r0.parquet")
+    pack = [r | {"sweep_id": "<img src=x onerror=alert(3)>"} for r in seed_rows(cluster="ok")]
+    pq.write_table(
+        row_table(pack[0]).from_pylist(pack, schema=row_table(pack[0]).schema),
+        root / "cluster=ok" / "compacted.parquet",
+    )
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--results", str(root)],
+        cwd=ROOT,
+        env={**os.environ, "DDPSWEEP_TOKEN": "t"},
+        stderr=subprocess.DEVNULL,
+    )
+    import httpx
+
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            httpx.get(f"{base}/openapi.json", timeout=2)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    yield base
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_stored_markup_is_shown_as_text_never_run(browser, hostile_server):
+    from selenium.common.exceptions import NoAlertPresentException
+    from selenium.webdriver.common.by import By
+
+    browser.get(hostile_server + "/")
+    rows = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#sweeps tr"))
+    time.sleep(2.5)  # one more refresh of the table
+    assert browser.find_elements(By.CSS_SELECTOR, "#sweeps img") == []
+    with pytest.raises(NoAlertPresentException):
+        browser.switch_to.alert.text  # noqa: B018 — raises when no dialog opened
+    texts = [r.text for r in browser.find_elements(By.CSS_SELECTOR, "#sweeps tr")]
+    assert any(HOSTILE in t for t in texts)  # the spec name, shown as the text it is
+    assert len(rows) >= 1 and not any("alert(3)" in t for t in texts)  # the pack's bad sweep id is skipped

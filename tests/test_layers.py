@@ -46,3 +46,23 @@ def test_the_guard_can_fail(tmp_path):
     leaf = tmp_path / "leaf.py"
     leaf.write_text("from trainers.errors import DDPSweepError\nimport trainers.step\n")
     assert imported_roots(leaf, frozenset({"trainers.errors"})) == {"trainers"}  # trainers.step still counts
+
+
+def test_no_import_cycles_inside_a_package():
+    """sweeps.fit and sweeps.trial imported each other (TrialOptions one way, fit_group the other, lazily):
+    every import inside a package, lazy ones included, points one way."""
+    graph: dict[str, set[str]] = {}
+    for package in FORBIDDEN:
+        for path in (ROOT / package).rglob("*.py"):
+            name = f"{package}.{path.stem}"
+            tree = ast.parse(path.read_text())
+            graph[name] = {
+                node.module
+                for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(f"{package}.")
+            }
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(n == goal or (n not in seen and reaches(n, goal, seen | {n})) for n in graph.get(start, ()))
+
+    assert sorted(m for m in graph if reaches(m, m, {m})) == []

@@ -82,3 +82,29 @@ def test_a_memory_bomb_in_the_cli_is_one_line_with_bounded_memory(seed_store):
     assert run.returncode == 2 and "memory" in run.stderr.lower() and "Traceback" not in run.stderr, run.stderr
     peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     assert max(before, peak_kb) < 3 * 2**20  # KiB: under 3 GiB, where it reached 7.3 GB before
+
+
+def test_csv_headers_from_sql_aliases_are_neutralized(seed_store):
+    from results.query import query, to_csv
+
+    csv = to_csv(query(seed_store, 'select 1 as "=HYPERLINK(1)", 2 as ok'))
+    assert csv.splitlines()[0] == "'=HYPERLINK(1),ok"
+
+
+def test_a_rebinding_host_is_refused_on_loopback(seed_store):
+    app = create_app(ServiceSettings(address=None, results=seed_store, token="t", allowed_hosts=("127.0.0.1",)))
+    ok = TestClient(app, base_url="http://127.0.0.1").get("/ui/sweeps.json")
+    evil = TestClient(app, base_url="http://attacker.example").get("/ui/sweeps.json")
+    assert ok.status_code == 200 and evil.status_code == 400
+
+
+def test_report_labels_with_mathtext_are_plain_text(seed_store):
+    """Stored text drawn on a figure is plain text: mathtext in a label made every report a 500."""
+    from results.report import render_html
+    from results.store import load
+
+    rows = load(seed_store)
+    rows["cluster"] = "m$\\frac{x$"
+    rows["spec_name"] = "m$\\frac{x$"
+    html = render_html(rows, "report $\\frac{x$")
+    assert html.count("<img") + html.count("<svg") >= 1

@@ -1,0 +1,34 @@
+"""What the driver resolves once and every trial and fit needs: the sweep-wide options and the placement
+rule. Its own module so that `sweeps.trial` (which launches the fit) and `sweeps.fit` (which runs it) both
+import it and never each other at module level."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sweeps.grid import Cell
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialOptions:
+    """Sweep-wide settings every trial needs (resolved against the cluster by the driver)."""
+
+    sweep_id: str
+    cluster: str
+    spec_name: str
+    use_gpu: bool
+    backend: str  # nccl | gloo
+    cpus_per_worker: float
+    placement: str  # auto | a Ray strategy
+    collective_timeout_s: float
+    cell_timeout_s: float
+    env: dict
+    storage_path: str
+
+
+def placement_for(cell: Cell, requested: str) -> str:
+    if requested != "auto":
+        return requested
+    if cell.num_nodes == 1:
+        return "STRICT_PACK"
+    return "STRICT_SPREAD" if cell.workers_per_node == 1 else "PACK"
