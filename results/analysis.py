@@ -87,6 +87,7 @@ def ok_cells(rows: pd.DataFrame) -> pd.DataFrame:
         "n_steps",
         "step_ms_reps",
         "tokens_per_s",
+        "samples_per_s",
         "step_ms_cv",
         "tokens_per_step",
         "grad_bytes",
@@ -99,7 +100,13 @@ def ok_cells(rows: pd.DataFrame) -> pd.DataFrame:
     extra = ok.groupby(CONFIG_KEYS, dropna=False).agg({"step_ms_cv": "max", **firsts}).reset_index()
     out = out.merge(extra, on=CONFIG_KEYS, how="left")
     out["tokens_per_s"] = out["tokens_per_step"] / (out["step_ms"] / 1e3)
+    out["samples_per_s"] = samples_per_step(out) / (out["step_ms"] / 1e3)
     return out.reindex(columns=cols)
+
+
+def samples_per_step(frame: pd.DataFrame) -> pd.Series:
+    """Global samples per optimizer step (every workload has them; tokens only where it gives them)."""
+    return frame["micro_batch"] * frame["gas"] * frame["world_size"]
 
 
 def _ci(frame: pd.DataFrame, name: str, reps: pd.Series) -> None:
@@ -120,38 +127,50 @@ def with_baseline(rows: pd.DataFrame, keep_reps: bool = False) -> pd.DataFrame:
     (`baseline_source = "gas1_scaled"`; tokens/s is unchanged by the scaling).
     """
     cells = ok_cells(rows)
-    single = cells[cells["mode"] == "single"][[*BASELINE_KEYS, "gas", "step_ms", "tokens_per_s", "step_ms_reps"]]
+    single = cells[cells["mode"] == "single"][
+        [*BASELINE_KEYS, "gas", "step_ms", "tokens_per_s", "samples_per_s", "step_ms_reps"]
+    ]
     dist = cells[cells["mode"] != "single"]
     exact = single.rename(
         columns={
             "step_ms": "baseline_step_ms",
             "tokens_per_s": "baseline_tokens_per_s",
+            "samples_per_s": "baseline_samples_per_s",
             "step_ms_reps": "baseline_reps",
         }
     )
     out = dist.merge(exact, on=[*BASELINE_KEYS, "gas"], how="left")
     out["baseline_source"] = out["baseline_step_ms"].notna().map({True: "measured", False: None})
     g1 = single[single["gas"] == 1].drop(columns="gas")
-    g1 = g1.rename(columns={"step_ms": "g1_step_ms", "tokens_per_s": "g1_tokens_per_s", "step_ms_reps": "g1_reps"})
+    g1 = g1.rename(
+        columns={
+            "step_ms": "g1_step_ms",
+            "tokens_per_s": "g1_tokens_per_s",
+            "samples_per_s": "g1_samples_per_s",
+            "step_ms_reps": "g1_reps",
+        }
+    )
     out = out.merge(g1, on=BASELINE_KEYS, how="left")
     fill = out["baseline_step_ms"].isna() & out["g1_step_ms"].notna()
     out.loc[fill, "baseline_step_ms"] = out.loc[fill, "g1_step_ms"] * out.loc[fill, "gas"]
     out.loc[fill, "baseline_tokens_per_s"] = out.loc[fill, "g1_tokens_per_s"]
+    out.loc[fill, "baseline_samples_per_s"] = out.loc[fill, "g1_samples_per_s"]
     out.loc[fill, "baseline_source"] = "gas1_scaled"
     out["baseline_reps"] = [
         g1r * gas if f else br
         for f, br, g1r, gas in zip(fill, out["baseline_reps"], out["g1_reps"], out["gas"], strict=True)
     ]
-    out = out.drop(columns=["g1_step_ms", "g1_tokens_per_s", "g1_reps"])
-    out["efficiency"] = out["tokens_per_s"] / (out["world_size"] * out["baseline_tokens_per_s"])
+    out = out.drop(columns=["g1_step_ms", "g1_tokens_per_s", "g1_samples_per_s", "g1_reps"])
+    # samples, not tokens: every workload has them, and for GPT presets the ratio is the same
+    out["efficiency"] = out["samples_per_s"] / (out["world_size"] * out["baseline_samples_per_s"])
     out["exposed_comm_ms"] = out["step_ms"] - out["baseline_step_ms"]
     out["exposed_comm_frac"] = out["exposed_comm_ms"] / out["baseline_step_ms"]
     steps, bases = _reps(out), _reps(out, "baseline_reps")
     # efficiency = (tokens/step / step) / (world x tokens/step/world / (gas-matched baseline step)) = base / step / 1
-    base_tokens = out["baseline_tokens_per_s"] * out["baseline_step_ms"] / 1e3  # baseline tokens per step
+    base_samples = out["baseline_samples_per_s"] * out["baseline_step_ms"] / 1e3  # baseline samples per step
     eff = [
-        tps / (s / 1e3) / (w * bt / (b / 1e3))
-        for tps, s, w, bt, b in zip(out["tokens_per_step"], steps, out["world_size"], base_tokens, bases, strict=True)
+        sps / (s / 1e3) / (w * bs / (b / 1e3))
+        for sps, s, w, bs, b in zip(samples_per_step(out), steps, out["world_size"], base_samples, bases, strict=True)
     ]
     _ci(out, "efficiency", pd.Series(eff, dtype=object))
     _ci(out, "exposed_comm_ms", pd.Series([s - b for s, b in zip(steps, bases, strict=True)], dtype=object))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from results import analysis, plots, scaling
+from results import analysis, plots, recommend, scaling
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
@@ -183,6 +183,18 @@ def scaling_tables(rows: pd.DataFrame, calibration: pd.DataFrame | None) -> list
     ]
 
 
+def _recommendation(rows: pd.DataFrame) -> str:
+    """`ddpsweep recommend`'s verdicts and snippets (escaped)."""
+    out = ["<h2>Recommendation</h2>"]
+    for r in recommend.recommend(rows):
+        head = f"{r['model']} · {r['topology']} · gas {r['gas']}"
+        out.append(
+            f"<h3>{html.escape(head)}</h3><p><b>{html.escape(r['verdict'])}</b> "
+            f"(compared with: {html.escape(r['default_note'])})</p><pre>{html.escape(r['snippet'])}</pre>"
+        )
+    return "".join(out)
+
+
 def render_html(
     rows: pd.DataFrame, title: str, algbw_bytes_per_s: float | None = None, calibration: pd.DataFrame | None = None
 ) -> str:
@@ -202,6 +214,7 @@ def render_html(
         }
     for stem, data in images.items():
         parts.append(f"<h2>{stem.replace('_', ' ')}</h2><img alt='{stem}' src='data:image/png;base64,{data}'>")
+    parts.append(_recommendation(rows))
     curve = analysis.u_curve(rows)
     parts.append(
         "<p>Every figure is a median with its 95% interval [lo, hi]: a hierarchical bootstrap over "

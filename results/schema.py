@@ -22,7 +22,10 @@ IDENTITY = [
 
 # The step's configuration: exactly trainers.config.StepConfig's fields (a test holds them together).
 CONFIGURATION = [
-    pa.field("model", pa.string()),
+    pa.field("model", pa.string()),  # preset name, or the workload's import path
+    pa.field("workload", pa.string()),  # a user workload's import path; null for presets
+    pa.field("workload_args", pa.string()),  # its factory's arguments, canonical JSON
+    pa.field("workload_fingerprint", pa.string()),  # hash of parameter names, shapes, dtypes (null: older rows)
     pa.field("mode", pa.string()),  # single | ddp | naive
     pa.field("micro_batch", pa.int32()),
     pa.field("seq_len", pa.int32()),
@@ -74,7 +77,8 @@ MEASUREMENT = [
     pa.field("step_ms_p10", pa.float64()),
     pa.field("step_ms_p90", pa.float64()),
     pa.field("step_ms_cv", pa.float64()),
-    pa.field("tokens_per_s", pa.float64()),
+    pa.field("tokens_per_s", pa.float64()),  # null where the workload gives no tokens_per_sample
+    pa.field("samples_per_s", pa.float64()),
     pa.field("peak_mem_bytes", pa.int64()),  # during this cell only; null where unmeasurable
     pa.field("num_buckets", pa.int32()),
     pa.field("bucket_sizes_bytes", pa.list_(pa.int64())),

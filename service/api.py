@@ -25,6 +25,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from results import compare as compare_mod
 from results import isolation
 from results import query as query_mod
+from results import recommend as recommend_mod
 from results.cache import CachedStore
 from results.errors import StoreNotFound
 from results.report import render_html
@@ -45,6 +46,7 @@ class ServiceSettings:
     max_body_bytes: int = MAX_BODY_BYTES
     public_reads: bool = True  # reads without a token; `serve` sets False when it binds beyond loopback
     allowed_hosts: tuple[str, ...] | None = None  # Host header values accepted (None: any; `serve` sets them)
+    allow_workload: tuple[str, ...] = ()  # module prefixes a submitted spec's `workload` may come from
 
 
 class ApiError(DDPSweepError):
@@ -116,6 +118,24 @@ async def read_body(request: Request, limit: int) -> bytes:
     return body
 
 
+def check_workload_allowed(workload: str | None, prefixes: tuple[str, ...]) -> None:
+    """A workload is code the cluster will import and run: over HTTP only from the operator's allowlist."""
+    if workload is None:
+        return
+    module = workload.partition(":")[0]
+    if any(module == p or module.startswith(p + ".") for p in prefixes):
+        return
+    allowed = ", ".join(prefixes) if prefixes else "none"
+    raise ApiError(
+        403,
+        "Forbidden",
+        f"workload {workload!r}: an import path runs code on the cluster, and this server allows modules under: "
+        f"{allowed}. Start it with `ddpsweep serve --allow-workload <module prefix>` to accept it, or submit "
+        "with `ddpsweep submit` (the spec is then your own)",
+        "workload",
+    )
+
+
 def _label(kind: str, value: str | None) -> str | None:
     return value if value is None else require_label(kind, value)
 
@@ -181,6 +201,7 @@ def add_sweep_routes(app: FastAPI, settings: ServiceSettings, auth, read_auth: l
             )
         text = (await read_body(request, settings.max_body_bytes)).decode("utf-8", errors="replace")
         spec = jobs.parse_submission(text)  # 422 naming the field, before anything is submitted
+        check_workload_allowed(spec.workload, settings.allow_workload)
         sweep_id, job_id = jobs.submit(
             text, spec, address=settings.address, cluster=_label("cluster", cluster), results=settings.results
         )
@@ -256,6 +277,11 @@ def add_result_routes(app: FastAPI, settings: ServiceSettings, cache: CachedStor
         if sweep:
             rows = rows[rows["sweep_id"].isin(sweep)]
         return _frame_response(compare_mod.compare(rows, cluster[0], cluster[1]), "json")
+
+    @app.get("/recommend", dependencies=read_auth, summary="Best DDP configuration per curve, with code to paste")
+    def recommend(cluster: str | None = None, sweep: str | None = None) -> Response:
+        rows = cache.rows(_label("cluster", cluster), _label("sweep", sweep))
+        return Response(recommend_mod.to_json(recommend_mod.recommend(rows)), media_type="application/json")
 
     @app.get("/report", response_class=HTMLResponse, dependencies=read_auth, summary="The self-contained HTML report")
     def report(cluster: str | None = None, sweep: str | None = None) -> str:

@@ -337,6 +337,29 @@ def report(
         raise fail(f"--out: cannot write {out!r} ({e.strerror or e}); give {what}") from None
 
 
+@app.command()
+def recommend(
+    results: ResultsOpt = DEFAULT_RESULTS,
+    cluster: Annotated[str | None, typer.Option("--cluster", help="one cluster (default all)")] = None,
+    sweep: Annotated[str | None, typer.Option("--sweep", help="one sweep id")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="text | json")] = "text",
+) -> None:
+    """Per curve (workload, topology, gas): the best measured DDP configuration, its gain over PyTorch's
+    defaults with a 95% interval, what cannot be told apart from it, and the code to paste; or, when the
+    intervals cannot separate it from the defaults, one sentence saying so."""
+    from results.recommend import recommend as run_recommend
+    from results.recommend import to_json, to_text
+    from results.store import load
+
+    try:
+        if fmt not in ("text", "json"):
+            raise ConfigError("--format", fmt, "text or json")
+        recs = run_recommend(load(results, cluster=cluster, sweep=sweep))
+    except DDPSweepError as e:
+        raise fail(str(e)) from None
+    typer.echo(to_json(recs) if fmt == "json" else to_text(recs))
+
+
 AddressOpt = Annotated[str | None, typer.Option(help="Ray dashboard, e.g. http://HEAD:8265 (or RAY_ADDRESS)")]
 
 
@@ -346,14 +369,19 @@ def submit(
     address: AddressOpt = None,
     cluster: Annotated[str | None, typer.Option(help="cluster label for the rows; default: the spec's")] = None,
     results: Annotated[str | None, typer.Option(help="results root every node can reach; default: the spec's")] = None,
+    workdir: Annotated[
+        str | None,
+        typer.Option(help="folder holding your workload's code, shipped to the cluster (default: the current one)"),
+    ] = None,
 ) -> None:
-    """Submit a sweep to a Ray cluster as a Ray Job (validated here first; nothing submitted on error)."""
+    """Submit a sweep to a Ray cluster as a Ray Job (validated here first; nothing submitted on error). A spec
+    naming your own workload ships --workdir (default: the current directory) with the job."""
     from service import jobs
     from sweeps.spec import load_spec_text
 
     try:
         parsed, text = load_spec_text(spec)  # the text submitted is the text validated (env:NAME included)
-        sweep_id, job_id = jobs.submit(text, parsed, address=address, cluster=cluster, results=results)
+        sweep_id, job_id = jobs.submit(text, parsed, address=address, cluster=cluster, results=results, workdir=workdir)
     except DDPSweepError as e:
         raise fail(str(e)) from None
     typer.echo(f"sweep {sweep_id} submitted as job {job_id}")
@@ -430,6 +458,10 @@ def serve(
     allow_host: Annotated[
         list[str], typer.Option("--allow-host", help="another Host name to serve on loopback (e.g. behind a proxy)")
     ] = [],  # noqa: B006 — typer's list default
+    allow_workload: Annotated[
+        list[str],
+        typer.Option("--allow-workload", help="module prefix whose workloads POST /sweeps may name (e.g. acme.models)"),
+    ] = [],  # noqa: B006 — typer's list default
 ) -> None:
     """The HTTP API (OpenAPI at /openapi.json, docs at /docs). On loopback only requests for 127.0.0.1,
     localhost or ::1 (and --allow-host names) are served: a DNS-rebinding page cannot read the token-free
@@ -453,7 +485,12 @@ def serve(
     hosts = ("127.0.0.1", "localhost", "[::1]", "::1") if loopback else None  # beyond loopback: the token guards
     hosts = (*hosts, *allow_host) if hosts is not None else None
     settings = ServiceSettings(
-        address=address, results=results, token=token, public_reads=loopback, allowed_hosts=hosts
+        address=address,
+        results=results,
+        token=token,
+        public_reads=loopback,
+        allowed_hosts=hosts,
+        allow_workload=tuple(allow_workload),
     )
     uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
 

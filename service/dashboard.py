@@ -16,7 +16,7 @@ import jinja2
 import markupsafe
 import pandas as pd
 
-from results import analysis, scaling
+from results import analysis, recommend, scaling
 from results import compare as compare_mod
 from results.cache import CachedStore
 from service import jobs
@@ -196,6 +196,11 @@ def scaling_section(rows: pd.DataFrame, calibration: pd.DataFrame) -> list[str]:
     ]
 
 
+def recommendation_section(rows: pd.DataFrame) -> str:
+    """`ddpsweep recommend` as HTML: the verdict, the best with its interval, the snippet to paste."""
+    return TEMPLATES.get_template("recommend.html").render(recs=recommend.recommend(rows))
+
+
 def _table(df: pd.DataFrame, columns: list[str], table_id: str) -> str:
     cols = [c for c in columns if c in df.columns]
     rows = [[_cell(r[c]) for c in cols] for _, r in df.iterrows()]
@@ -258,6 +263,7 @@ def sweep_page(cache: CachedStore, cluster: str, sweep: str) -> str:
             "best",
         ),
     ]
+    parts.append(recommendation_section(rows))
     cal = cache.calibration(cluster, sweep)
     if scaling.topologies(rows) > 1:
         parts += scaling_section(rows, cal)

@@ -121,10 +121,25 @@ def check_results_reachable(address: str, results: str) -> None:
         raise SpecError("results", results, allowed)
 
 
+PACKAGES = ("service", "sweeps", "trainers", "results")
+
+
+def _ours(workload: str) -> bool:
+    """Whether a workload lives in ddpsweep's own packages (the shipped examples)."""
+    return workload.split(".", 1)[0].split(":", 1)[0] in PACKAGES
+
+
 def submit(
-    spec_yaml: str, spec: SweepSpec, *, address: str | None, cluster: str | None = None, results: str | None = None
+    spec_yaml: str,
+    spec: SweepSpec,
+    *,
+    address: str | None,
+    cluster: str | None = None,
+    results: str | None = None,
+    workdir: str | None = None,
 ) -> tuple[str, str]:
-    """Submit `ddpsweep run` as a Ray Job. Returns (sweep_id, job_id)."""
+    """Submit `ddpsweep run` as a Ray Job. Returns (sweep_id, job_id). A spec whose workload is not one of
+    ddpsweep's own ships `workdir` (default: the current directory) as the job's working directory."""
     addr = resolve_address(address)
     results = results or spec.results
     cluster = cluster or spec.cluster
@@ -153,6 +168,11 @@ def submit(
         "excludes": EXCLUDES,
         "env_vars": {SPEC_ENV: spec_yaml, **{k: str(v) for k, v in spec.env.items()}},
     }
+    if workdir is not None or (spec.workload is not None and not _ours(spec.workload)):
+        # The workload's code must reach the job and its workers: the user's folder becomes the working
+        # directory (importable there, as for `python -m`), and ddpsweep's own packages travel as py_modules.
+        runtime_env["working_dir"] = str(Path(workdir or os.getcwd()).resolve())
+        runtime_env["py_modules"] = [str(PROJECT_ROOT / p) for p in PACKAGES]
     metadata = {"ddpsweep": "1", "cluster": cluster, "results": results, "spec_name": spec.name}
     try:
         job_id = client(addr).submit_job(

@@ -13,11 +13,12 @@ import random
 from dataclasses import asdict, dataclass, replace
 from itertools import product
 
-from sweeps.spec import SweepSpec
-from trainers.config import StepConfig
+from sweeps.spec import SpecError, SweepSpec
+from trainers.config import StepConfig, canonical_args
+from trainers.errors import ConfigError
 
 # StepConfig fields newer than the first cell ids: hashed only when they differ from their defaults
-ADDED_LATER = ("seed", "target_rel_ci", "max_timed_steps", "max_cell_s", "trace_comm")
+ADDED_LATER = ("seed", "target_rel_ci", "max_timed_steps", "max_cell_s", "trace_comm", "workload", "workload_args")
 
 
 def _digest(data: object, n: int = 12) -> str:
@@ -49,6 +50,8 @@ class Cell:
         for name in ADDED_LATER:
             if flat[name] == getattr(StepConfig, name):
                 del flat[name]
+        if self.step.workload is None:  # a preset's name fixes its shapes: its cells hash as they always did
+            del flat["workload_fingerprint"]
         return _digest(flat)
 
     @property
@@ -71,6 +74,8 @@ class Cell:
             self.num_nodes,
             self.backend,
             s.model,
+            s.workload_args,
+            s.workload_fingerprint,
             s.micro_batch,
             s.seq_len,
             s.seed,
@@ -109,12 +114,27 @@ def _timing(spec: SweepSpec) -> dict:
 AUTO_BATCH = 10  # adaptive timing: the first batch of timed steps, and every further one
 
 
-def _cell(spec: SweepSpec, *, mode: str, gas: int, world_size: int = 1, num_nodes: int = 1, **step) -> Cell:
+def workload_fields(spec: SweepSpec) -> dict:
+    """The step fields that say what is measured: a preset, or the workload with its planned fingerprint
+    (imported and built here, on the meta device where it allows: trainers.workload.planned_fingerprint)."""
+    from trainers import workload  # torch: only where cells are planned, never in the trial actor
+
+    if spec.workload is None:
+        fields = {"model": spec.model, "seq_len": spec.seq_len}
+    else:
+        fields = {"workload": spec.workload, "workload_args": canonical_args(spec.workload_args)}
+    try:
+        fields["workload_fingerprint"] = workload.planned_fingerprint(StepConfig(**fields))
+    except ConfigError as e:
+        raise SpecError(e.field, e.value, e.allowed) from None
+    return fields
+
+
+def _cell(spec: SweepSpec, *, mode: str, gas: int, world_size: int = 1, num_nodes: int = 1, what: dict, **step) -> Cell:
     cfg = StepConfig(
-        model=spec.model,
+        **what,
         mode=mode,
         micro_batch=spec.micro_batch,
-        seq_len=spec.seq_len,
         gas=gas,
         warmup_steps=spec.warmup_steps,
         trace_comm=spec.trace_comm,
@@ -126,7 +146,8 @@ def _cell(spec: SweepSpec, *, mode: str, gas: int, world_size: int = 1, num_node
 
 def expand(spec: SweepSpec) -> list[Cell]:
     """Baselines first (one per gas), then the DDP grid; duplicates (e.g. no_sync at gas 1) dropped."""
-    cells = [_cell(spec, mode="single", gas=g) for g in sorted(spec.gas)]
+    what = workload_fields(spec)
+    cells = [_cell(spec, mode="single", gas=g, what=what) for g in sorted(spec.gas)]
     axes = product(
         spec.placements(), spec.modes, spec.gas, spec.no_sync, spec.gradient_as_bucket_view, spec.bucket_cap_mb
     )
@@ -141,6 +162,7 @@ def expand(spec: SweepSpec) -> list[Cell]:
                 no_sync=ns,
                 gradient_as_bucket_view=gv,
                 bucket_cap_mb=float(b),
+                what=what,
             )
         )
     seen: dict[str, Cell] = {}
@@ -288,7 +310,7 @@ def cells_table(cells: list[Cell], repeats: int = 1, isolation: str = "group") -
                 str(s.no_sync).lower(),
                 "-" if s.gradient_as_bucket_view is None else str(s.gradient_as_bucket_view).lower(),
                 s.model,
-                f"{s.micro_batch}x{s.seq_len}",
+                f"{s.micro_batch}" if s.workload else f"{s.micro_batch}x{s.seq_len}",
             ]
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]

@@ -72,7 +72,7 @@ def build_row(
         "world_size": cell.world_size,
         "num_nodes": cell.num_nodes,
         "workers_per_node": cell.workers_per_node,
-        "tokens_per_step": cell.step.tokens_per_rank * cell.world_size,
+        "tokens_per_step": None if cell.step.tokens_per_rank is None else cell.step.tokens_per_rank * cell.world_size,
         "cpus_per_worker": ctx.cpus_per_worker,
         "placement": ctx.placement,
         "backend": ctx.backend,

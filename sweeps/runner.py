@@ -207,7 +207,9 @@ def ray_session(address: str | None, verbose: bool) -> Iterator[None]:
         # The dashboard serves the state API that Ray Train's placement-group cleaner needs to free
         # the resources of a cell killed at cell_timeout_s; without it they stay reserved.
         # address="local": always a new embedded Ray, also when `ray start --head` runs on this machine
-        # (plain ray.init() would attach to that one and refuse num_cpus).
+        # (plain ray.init() would attach to that one and refuse num_cpus). Its workers inherit this
+        # environment: the working directory joins PYTHONPATH, so a workload module beside the spec imports.
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
         ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=True, dashboard_host="127.0.0.1", **quiet)
     try:
         yield

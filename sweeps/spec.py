@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from results.store import LABEL_RULE, valid_label
+from trainers.config import StepConfig, canonical_args
 from trainers.errors import ConfigError
 from trainers.presets import PRESETS
 
@@ -40,7 +41,12 @@ class SweepSpec:
     cluster: str = "local"
     """Label the rows are filed under (cluster=<label>/ in the store)."""
     model: str = "tiny"
-    """Model preset."""
+    """Model preset (ignored with `workload`)."""
+    workload: str | None = None
+    """Your own model: an import path `package.module:factory` (see README, "Your own model"); the factory's
+    result gives `model`, `make_batch`, `loss` and optionally `tokens_per_sample`."""
+    workload_args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the workload's factory (JSON values)."""
     micro_batch: int = 8
     """Sequences per rank per micro-step."""
     seq_len: int = 64
@@ -259,7 +265,10 @@ def _validate(spec: SweepSpec) -> None:
     if spec.topology is not None:
         _validate_topology(spec.topology)
     _check_grid_size(spec)
-    _check_choice("model", spec.model, tuple(PRESETS))
+    if spec.workload is None:
+        _check_choice("model", spec.model, tuple(PRESETS))
+    else:
+        _validate_workload(spec)
     _check_choice("backend", spec.backend, BACKENDS)
     _check_choice("placement", spec.placement, PLACEMENTS)
     _check_choice("isolation", spec.isolation, ISOLATIONS)
@@ -267,13 +276,23 @@ def _validate(spec: SweepSpec) -> None:
     _check_scalar("trace_comm", spec.trace_comm, "bool")
     if spec.use_gpu != "auto" and not isinstance(spec.use_gpu, bool):
         raise _fail("use_gpu", spec.use_gpu, "auto, true or false")
-    if spec.seq_len > PRESETS[spec.model].block_size:
+    if spec.workload is None and spec.seq_len > PRESETS[spec.model].block_size:
         raise _fail("seq_len", spec.seq_len, f"1..{PRESETS[spec.model].block_size} (block size of {spec.model})")
     _validate_env(spec.env)
     if spec.topology is None:
         _validate_nodes(spec)
     if spec.backend == "nccl" and spec.use_gpu is False:
         raise _fail("backend", "nccl", "gloo or auto when use_gpu is false (NCCL needs GPUs)")
+
+
+def _validate_workload(spec: SweepSpec) -> None:
+    """The import path's form and JSON arguments (importing it is the planner's job: sweeps.grid)."""
+    if not isinstance(spec.workload_args, dict):
+        raise _fail("workload_args", spec.workload_args, "a mapping of keyword arguments")
+    try:
+        StepConfig(workload=spec.workload, workload_args=canonical_args(spec.workload_args))
+    except ConfigError as e:
+        raise _fail(e.field, e.value, e.allowed) from None
 
 
 def _validate_env(env: Any) -> None:
@@ -322,6 +341,9 @@ def spec_from_dict(data: Any, source: str = "spec") -> SweepSpec:
             raise SpecError(str(key), data[key], f"a known field: {', '.join(sorted(known))}")
     if "name" not in data:
         raise SpecError("name", None, "a label naming the sweep (required)")
+    if "workload" in data and ("model" in data or "seq_len" in data):
+        extra = "model" if "model" in data else "seq_len"
+        raise SpecError(extra, data[extra], f"no {extra} beside workload: the workload builds its own model")
     both = [k for k in ("workers", "nodes") if k in data]
     if "topology" in data and both:
         raise SpecError(

@@ -134,10 +134,10 @@ CPU_CALIBRATION_MAX_BYTES = 64 * 2**20  # fewer, smaller sizes on CPU
 def _calibrate(group: Group, device: torch.device, template) -> dict:
     """An all-reduce sweep from 4 KB up to the model's gradient bytes (at least), and the parameter
     broadcast, on this group's ranks; rank 0 gets {"kind": "calibration", "rows": [...]}."""
-    grad = grad_bytes(template)
+    grad = grad_bytes(template.model)
     top = grad if device.type == "cuda" else min(max(grad, 1 << 20), CPU_CALIBRATION_MAX_BYTES)
     rows = allreduce_sweep(sizes_up_to(top), device, iters=20 if device.type == "cuda" else 10)
-    bcast = broadcast_time(template, device)
+    bcast = broadcast_time(template.model, device)
     return {"kind": "calibration", "rows": [*rows, bcast]} if rows else {}
 
 

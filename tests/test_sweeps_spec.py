@@ -187,7 +187,9 @@ def test_groups_follow_the_worker_group_shape_in_interleaved_rounds():
 def test_group_key_is_what_shapes_a_worker_group():
     spec = parse_spec("name: k\nworkers: [2, 4]\nbucket_cap_mb: [1, 25]\ngas: [1, 4]\nno_sync: [true]")
     keys = {c.group_key for c in expand(spec)}
-    assert keys == {(w == 1, w, 1, "auto", "tiny", 8, 64, 1337) for w in (1, 2, 4)}
+    fp = expand(spec)[0].step.workload_fingerprint  # the model's shapes: a workload of another shape never joins
+    assert len(fp) == 12 and int(fp, 16) >= 0
+    assert keys == {(w == 1, w, 1, "auto", "tiny", "{}", fp, 8, 64, 1337) for w in (1, 2, 4)}
     at_one = expand(parse_spec("name: k\nworkers: [1]\nbucket_cap_mb: [1, 25]"))
     assert len({c.group_key for c in at_one}) == 2  # ddp at world size 1 does not join the baselines
 
@@ -243,3 +245,43 @@ def test_timed_steps_auto_becomes_adaptive_step_configs():
         with pytest.raises(SpecError) as err:
             parse_spec(f"name: a\n{text}")
         assert err.value.field == field
+
+
+def test_preset_cell_ids_are_those_stored_sweeps_hold():
+    """Workload fields joined StepConfig: preset cells keep the ids they had (computed before that change)."""
+    spec = parse_spec("name: k\nworkers: [2]\nbucket_cap_mb: [1, 25]\ngas: [1, 2]\nno_sync: [true]")
+    assert [c.cell_id for c in expand(spec)] == [
+        "abc29d078f7f",
+        "cd377c03e57d",
+        "0546ddead76a",
+        "628dd28eed30",
+        "32c120a6ff9e",
+        "5f58d115de5b",
+    ]
+
+
+def test_a_workload_spec_names_the_workload_and_its_fingerprint_joins_the_cell_id():
+    text = 'name: w\nworkload: "sweeps.examples.recsys:build"\nworkload_args: {rows: 1000, dim: 4}\nworkers: [2]\n'
+    cells = expand(parse_spec(text))
+    assert {c.step.model for c in cells} == {"sweeps.examples.recsys:build"}
+    assert {c.step.workload_args for c in cells} == {'{"dim":4,"rows":1000}'}
+    other = expand(parse_spec(text.replace("dim: 4", "dim: 8")))  # another shape: other fingerprint, other ids
+    assert cells[0].step.workload_fingerprint != other[0].step.workload_fingerprint
+    assert {c.cell_id for c in cells}.isdisjoint(c.cell_id for c in other)
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ('name: w\nworkload: "no_such_module_xyz:build"\n', "workload"),
+        ('name: w\nworkload: "not a path"\n', "workload"),
+        ('name: w\nworkload: "sweeps.examples.recsys:nothing"\n', "workload"),
+        ('name: w\nworkload: "sweeps.examples.recsys:build"\nworkload_args: {nope: 1}\n', "workload_args"),
+        ('name: w\nworkload: "sweeps.examples.recsys:build"\nworkload_args: [1]\n', "workload_args"),
+        ('name: w\nworkload: "sweeps.examples.recsys:build"\nmodel: tiny\n', "model"),
+    ],
+)
+def test_bad_workloads_are_one_clear_error_naming_the_field(text, field):
+    with pytest.raises(SpecError) as err:
+        expand(parse_spec(text))
+    assert err.value.field == field

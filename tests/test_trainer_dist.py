@@ -13,7 +13,7 @@ from trainers.config import StepConfig
 from trainers.step import (
     build_model,
     forward_backward,
-    make_batch,
+    make_batches,
     replicas_in_sync,
     run_cell,
     setup_replica,
@@ -38,12 +38,11 @@ def params_after_step(rank: int, cfg: StepConfig) -> dict[str, torch.Tensor]:
 
 def full_batch_grads(cfg: StepConfig, world: int) -> dict[str, torch.Tensor]:
     """One process, no DDP: the gradient of the loss over all ranks' batches concatenated."""
-    model = build_model(cfg, CPU)
-    batches = [make_batch(cfg, r, CPU) for r in range(world)]
-    x = torch.cat([b[0] for b in batches])
-    y = torch.cat([b[1] for b in batches])
-    model(x, y).backward()
-    return {n: p.grad for n, p in model.named_parameters()}
+    built = build_model(cfg, CPU)
+    batches = [make_batches(built, cfg, r, CPU)[0] for r in range(world)]  # micro-step 0 of every rank
+    full = tuple(torch.cat(parts) for parts in zip(*batches, strict=True))  # every tensor of the batch, concatenated
+    built.workload.loss(built.model, full).backward()
+    return {n: p.grad for n, p in built.model.named_parameters()}
 
 
 def assert_same(a: dict, b: dict, atol: float) -> None:
@@ -168,7 +167,7 @@ def packed_cells(rank: int, cfgs: list[StepConfig]):
         m = run_cell(cfg, CPU, num_threads=1, template=template)
         step.release(CPU)
         rep = setup_replica(cfg, CPU, template)  # the same start as a fresh seeded build
-        out.append((m, step.params_checksum(rep.model) == step.params_checksum(build_model(cfg, CPU))))
+        out.append((m, step.params_checksum(rep.model) == step.params_checksum(build_model(cfg, CPU).model)))
     return out
 
 
@@ -247,3 +246,41 @@ def test_comm_trace_changes_no_number_and_records_every_bucket(tmp_path):
     assert sorted(b for b, _, _ in m.comm_timeline_ms) == list(range(m.num_buckets))
     assert all(done >= launch >= 0 for _, launch, done in m.comm_timeline_ms)
     assert 0 < m.comm_exposed_ms <= m.comm_ms < m.step_ms and 0 <= m.comm_overlap_frac <= 1
+
+
+# A workload that is not GPT-shaped (sweeps/examples/recsys.py), through the same harness and the same checks.
+RECSYS = StepConfig(
+    workload="sweeps.examples.recsys:build",
+    workload_args='{"rows": 5000, "dim": 8, "fields": 4, "layers": 4, "width": 16}',
+    micro_batch=8,
+    warmup_steps=1,
+    timed_steps=3,
+)
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [25.0, 0.001])
+def test_a_user_workload_ddp_average_equals_full_batch_gradient(tmp_path, bucket_cap_mb):
+    cfg = dataclasses.replace(RECSYS, bucket_cap_mb=bucket_cap_mb)
+    per_rank = run_world(grads_after_backward, 2, tmp_path, cfg)
+    expected = full_batch_grads(cfg, 2)
+    assert_same(per_rank[0], expected, atol=1e-6)
+    assert_same(per_rank[1], per_rank[0], atol=0.0)
+    local = setup_replica(dataclasses.replace(cfg, mode="single"), CPU)
+    forward_backward(local)
+    assert not torch.allclose(local.model.table.weight.grad, expected["table.weight"], atol=1e-7)
+
+
+def test_a_user_workload_no_sync_equals_syncing_every_micro_step(tmp_path):
+    cfg = dataclasses.replace(RECSYS, gas=3)
+    synced = run_world(grads_after_backward, 2, tmp_path / "a", dataclasses.replace(cfg, no_sync=False))
+    skipped = run_world(grads_after_backward, 2, tmp_path / "b", dataclasses.replace(cfg, no_sync=True))
+    assert_same(skipped[0], synced[0], atol=1e-7)
+    assert_same(skipped[1], skipped[0], atol=0.0)
+
+
+def test_a_user_workload_measures_samples_and_keeps_replicas_in_sync(tmp_path):
+    rank0, rank1 = run_world(measured, 2, tmp_path, RECSYS)
+    assert rank1 is None and rank0.replicas_in_sync and rank0.n_params > 5000 * 8
+    assert rank0.tokens_per_s is None  # the workload gives no tokens_per_sample
+    assert rank0.samples_per_s == pytest.approx(2 * 8 / (rank0.step_ms / 1e3))
+    assert rank0.num_buckets >= 1

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import asdict, dataclass, field
 
 from trainers.errors import ConfigError
 from trainers.presets import PRESETS
 
 MODES = ("single", "ddp", "naive")
+WORKLOAD_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -15,7 +18,15 @@ class StepConfig:
     """One cell's training step, as every rank runs it."""
 
     model: str = "tiny"
-    """Model preset name (see `trainers.model.PRESETS`)."""
+    """Model preset name (see `trainers.model.PRESETS`); with `workload`, the workload's import path."""
+    workload: str | None = None
+    """A user workload by import path, `package.module:factory` (trainers.workload); None: the preset."""
+    workload_args: str = "{}"
+    """The factory's keyword arguments as canonical JSON (sorted keys, compact)."""
+    workload_fingerprint: str | None = None
+    """Hash of the model's parameter names, shapes and dtypes, as planned (trainers.workload.fingerprint);
+    the worker refuses a model that differs. For user workloads it joins the cell id, so two models filed
+    under one name never mix (preset cells hash as before: a preset's name fixes its shapes)."""
     mode: str = "ddp"
     """`single` (one process, no wrapper: the baseline), `ddp`, or `naive` (all_reduce per .grad)."""
     micro_batch: int = 8
@@ -49,7 +60,9 @@ class StepConfig:
     """Model-init seed (same on every rank); data uses seed + rank."""
 
     def __post_init__(self) -> None:
-        if self.model not in PRESETS:
+        if self.workload is not None:
+            self._check_workload()
+        elif self.model not in PRESETS:
             raise ConfigError("model", self.model, f"one of {', '.join(PRESETS)}")
         if self.mode not in MODES:
             raise ConfigError("mode", self.mode, f"one of {', '.join(MODES)}")
@@ -59,7 +72,7 @@ class StepConfig:
                 raise ConfigError(name, value, "an integer >= 1")
         if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
             raise ConfigError("warmup_steps", self.warmup_steps, "an integer >= 0")
-        block = PRESETS[self.model].block_size
+        block = PRESETS[self.model].block_size if self.workload is None else self.seq_len
         if self.seq_len > block:
             raise ConfigError("seq_len", self.seq_len, f"1..{block} (block size of {self.model})")
         t = self.target_rel_ci
@@ -71,6 +84,19 @@ class StepConfig:
         b = self.bucket_cap_mb
         if self.mode == "ddp" and (not isinstance(b, int | float) or isinstance(b, bool) or not b > 0):
             raise ConfigError("bucket_cap_mb", self.bucket_cap_mb, "a number of MB > 0")
+
+    def _check_workload(self) -> None:
+        if not isinstance(self.workload, str) or not WORKLOAD_PATH.fullmatch(self.workload):
+            raise ConfigError("workload", self.workload, "an import path `package.module:factory`")
+        try:
+            args = json.loads(self.workload_args)
+        except (TypeError, ValueError):
+            args = None
+        if not isinstance(args, dict):
+            raise ConfigError("workload_args", self.workload_args, "a JSON object of keyword arguments")
+        object.__setattr__(self, "workload_args", canonical_args(args))
+        object.__setattr__(self, "model", self.workload)  # rows, groups and reports name the workload
+        object.__setattr__(self, "seq_len", 1)  # a preset's knob: one spelling for every workload cell
 
     def _normalize(self) -> None:
         """Settings that do not apply to the mode become None/False, so one cell has one spelling."""
@@ -84,9 +110,22 @@ class StepConfig:
             object.__setattr__(self, "no_sync", False)
 
     @property
-    def tokens_per_rank(self) -> int:
-        """Tokens one rank processes per optimizer step."""
-        return self.micro_batch * self.seq_len * self.gas
+    def tokens_per_rank(self) -> int | None:
+        """Tokens one rank processes per optimizer step (None for a user workload: known where it runs)."""
+        return None if self.workload is not None else self.micro_batch * self.seq_len * self.gas
+
+    @property
+    def samples_per_rank(self) -> int:
+        """Samples (sequences for GPT) one rank processes per optimizer step."""
+        return self.micro_batch * self.gas
+
+
+def canonical_args(args: dict) -> str:
+    """Workload arguments as canonical JSON: the same arguments always give the same text (and cell id)."""
+    try:
+        return json.dumps(args, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ConfigError("workload_args", args, f"JSON values only ({e})") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,7 +147,8 @@ class Measurement:
     step_ms_p10: float
     step_ms_p90: float
     step_ms_cv: float  # std / mean
-    tokens_per_s: float  # global tokens per step / median step time
+    tokens_per_s: float | None  # global tokens per step / median step time (None: the workload gives no tokens)
+    samples_per_s: float  # global samples per step / median step time
     peak_mem_bytes: int | None  # max over ranks during this cell: CUDA max allocated, or VmHWM on Linux CPU
     num_buckets: int
     bucket_sizes_bytes: list[int] = field(default_factory=list)

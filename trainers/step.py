@@ -14,53 +14,59 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from trainers import workload
 from trainers.commtrace import CommTrace, summarize_trace, traced_allreduce
 from trainers.config import Measurement, StepConfig
-from trainers.model import GPT, PRESETS, grad_bytes, n_params
+from trainers.model import grad_bytes, n_params
 from trainers.stats import median_rel_half_width, summarize
+from trainers.workload import Built
 
 
 @dataclass
 class Replica:
-    """One rank's model, optimizer and fixed batch."""
+    """One rank's model, optimizer and fixed micro-batches."""
 
     cfg: StepConfig
-    model: GPT  # the bare model (parameters, .grad)
+    workload: Any  # the workload object: make_batch, loss (trainers.workload)
+    model: nn.Module  # the bare model (parameters, .grad)
     module: nn.Module  # what forward runs through: DDP(model) in ddp mode, else model
     opt: torch.optim.Optimizer
-    x: torch.Tensor  # (B, T) token ids
-    y: torch.Tensor  # (B, T) targets
+    batches: list[tuple[torch.Tensor, ...]]  # one per micro-step, on the device
     world_size: int
+    device: torch.device
     trace: CommTrace | None = None  # trace_comm: the comm hook's record
+    tokens_per_sample: int | None = None
 
 
 def distributed(cfg: StepConfig) -> bool:
     return cfg.mode != "single"
 
 
-def make_batch(cfg: StepConfig, rank: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rank's fixed random batch, the same on every call for the same (seed, rank)."""
-    gen = torch.Generator().manual_seed(cfg.seed + 1 + rank)
-    vocab = PRESETS[cfg.model].vocab_size
-    xy = torch.randint(0, vocab, (2, cfg.micro_batch, cfg.seq_len), generator=gen)  # (2, B, T)
-    return xy[0].to(device), xy[1].to(device)
+def make_batches(built: Built, cfg: StepConfig, rank: int, device: torch.device) -> list[tuple[torch.Tensor, ...]]:
+    """The rank's fixed micro-batches (one per micro-step), the same on every call for (seed, rank, micro)."""
+    out = []
+    for micro in range(cfg.gas):
+        batch = built.workload.make_batch(cfg.micro_batch, workload.generator(cfg.seed, rank, micro))
+        out.append(tuple(t.to(device) for t in batch))
+    return out
 
 
-def build_model(cfg: StepConfig, device: torch.device) -> GPT:
-    """The same initial weights on every rank (seeded), fp32."""
-    torch.manual_seed(cfg.seed)
-    return GPT(PRESETS[cfg.model]).to(device)
+def build_model(cfg: StepConfig, device: torch.device) -> Built:
+    """The cell's workload with its model on `device`: the same initial weights on every rank (seeded), fp32."""
+    return workload.build(cfg, device)
 
 
-def setup_replica(cfg: StepConfig, device: torch.device, template: GPT | None = None) -> Replica:
+def setup_replica(cfg: StepConfig, device: torch.device, template: Built | None = None) -> Replica:
     """A fresh replica: `template`'s weights copied (or a seeded build), a new optimizer and wrapper."""
-    model = copy.deepcopy(template) if template is not None else build_model(cfg, device)
+    built = template if template is not None else build_model(cfg, device)
+    model = copy.deepcopy(built.model)
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed(cfg) else (0, 1)
     module: nn.Module = model
     if cfg.mode == "ddp":
@@ -78,8 +84,19 @@ def setup_replica(cfg: StepConfig, device: torch.device, template: GPT | None = 
         trace = CommTrace(world_size=world, cuda=device.type == "cuda")
         module.register_comm_hook(trace, traced_allreduce)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=device.type == "cuda")
-    x, y = make_batch(cfg, rank, device)
-    return Replica(cfg=cfg, model=model, module=module, opt=opt, x=x, y=y, world_size=world, trace=trace)
+    batches = make_batches(built, cfg, rank, device)
+    return Replica(
+        cfg=cfg,
+        workload=built.workload,
+        model=model,
+        module=module,
+        opt=opt,
+        batches=batches,
+        world_size=world,
+        device=device,
+        trace=trace,
+        tokens_per_sample=built.tokens_per_sample,
+    )
 
 
 def _naive_all_reduce(rep: Replica) -> None:
@@ -93,12 +110,12 @@ def _naive_all_reduce(rep: Replica) -> None:
 def forward_backward(rep: Replica) -> None:
     """The gas micro-steps of one optimizer step: loss / gas, no_sync on the first gas-1."""
     cfg = rep.cfg
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if rep.x.is_cuda else nullcontext()
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if rep.device.type == "cuda" else nullcontext()
     for micro in range(cfg.gas):
         skip_sync = cfg.no_sync and micro < cfg.gas - 1
         ctx = rep.module.no_sync() if skip_sync and cfg.mode == "ddp" else nullcontext()
         with ctx, autocast:
-            loss = rep.module(rep.x, rep.y)
+            loss = rep.workload.loss(rep.module, rep.batches[micro])
         (loss / cfg.gas).backward()
         if cfg.mode == "naive" and not skip_sync:
             _naive_all_reduce(rep)
@@ -203,7 +220,7 @@ def gather_max(values: list[float], device: torch.device) -> list[float]:
 
 
 def run_cell(
-    cfg: StepConfig, device: torch.device, num_threads: int, template: GPT | None = None
+    cfg: StepConfig, device: torch.device, num_threads: int, template: Built | None = None
 ) -> Measurement | None:
     """Set up, warm up, time `timed_steps` steps, check replicas. Returns the measurement on rank 0, else None."""
     if device.type == "cpu":
@@ -264,7 +281,8 @@ def _measurement(
 ) -> Measurement:
     stats = summarize(times)
     sizes = bucket_sizes(rep.module)
-    tokens = cfg.tokens_per_rank * rep.world_size  # global tokens per optimizer step
+    samples = cfg.samples_per_rank * rep.world_size  # global samples per optimizer step
+    tokens = None if rep.tokens_per_sample is None else samples * rep.tokens_per_sample
     return Measurement(
         backend=dist.get_backend() if distributed(cfg) else "none",
         device_type=device.type,
@@ -274,7 +292,8 @@ def _measurement(
         setup_ms=setup_warmup_ms[0],
         warmup_ms=setup_warmup_ms[1],
         **stats,
-        tokens_per_s=tokens / (stats["step_ms"] / 1e3),
+        tokens_per_s=None if tokens is None else tokens / (stats["step_ms"] / 1e3),
+        samples_per_s=samples / (stats["step_ms"] / 1e3),
         peak_mem_bytes=peak,
         num_buckets=len(sizes),
         bucket_sizes_bytes=sizes,

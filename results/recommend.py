@@ -1,0 +1,230 @@
+"""`ddpsweep recommend`: per curve, the best measured DDP configuration, its gain over PyTorch's defaults with
+its interval, what cannot be told apart from it, and the code to paste.
+
+A curve is one workload at one placement and one gradient-accumulation depth (cluster, sweep, workload,
+micro-batch, world size, nodes, gas): there the knobs a user chooses are the DDP wrapper's (`bucket_cap_mb`,
+`gradient_as_bucket_view`) and the `no_sync()` pattern. The verdict is only as strong as the intervals:
+the best is recommended over the defaults only when the 95% interval of default/best excludes 1; otherwise
+one plain sentence says the sweep cannot separate them, and the defaults stay.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+
+from results import analysis
+from results.uncertainty import interval
+
+DEFAULTS = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": False, "no_sync": False}  # PyTorch's DDP defaults
+CURVE = ["cluster", "sweep_id", "model", "micro_batch", "seq_len", "world_size", "num_nodes", "gas", "backend"]
+KNOBS = ["bucket_cap_mb", "gradient_as_bucket_view", "no_sync"]
+
+
+def recommend(rows: pd.DataFrame) -> list[dict]:
+    """One recommendation per curve that has DDP cells with ok rows (see the module docstring)."""
+    cells = analysis.ok_cells(rows)
+    ddp = cells[(cells["mode"] == "ddp") & cells["bucket_cap_mb"].notna()]
+    envs = _envs(rows)
+    out = []
+    for key, grp in ddp.groupby(CURVE, dropna=False):
+        curve = dict(zip(CURVE, key, strict=True))
+        out.append(_curve(curve, grp, envs.get((curve["cluster"], curve["sweep_id"]), {})))
+    return out
+
+
+def _curve(curve: dict, grp: pd.DataFrame, env: dict[str, str]) -> dict:
+    grp = grp.reset_index(drop=True)
+    best = grp.loc[grp["step_ms"].idxmin()]
+    default, default_note = _default_cell(grp)
+    out = {k: _plain(v) for k, v in curve.items()} | {
+        "topology": f"{int(curve['num_nodes'])}x{int(curve['world_size']) // int(curve['num_nodes'])}",
+        "cells": len(grp),
+        "n_repeats": int(grp["n_repeats"].min()),
+        "best": _config(best) | _timing(best),
+        "indistinguishable": [_config(r) for _, r in grp.iterrows() if _overlaps(r, best)],
+        "default": None if default is None else _config(default) | _timing(default),
+        "default_note": default_note,
+    }
+    out |= _gain(best, default)
+    out["verdict"], out["recommended"] = _verdict(out, best, default)
+    out["snippet"] = snippet(out["recommended"], int(curve["gas"]), env)
+    return out
+
+
+def _default_cell(grp: pd.DataFrame) -> tuple[pd.Series | None, str]:
+    """PyTorch's defaults if the sweep measured them; else the closest cell (bucket 25 MB, no_sync off), and
+    a note saying which default it differs in; else None."""
+    match = grp[(grp["bucket_cap_mb"] == DEFAULTS["bucket_cap_mb"]) & ~grp["no_sync"].astype(bool)]
+    exact = match[match["gradient_as_bucket_view"] == DEFAULTS["gradient_as_bucket_view"]]
+    if not exact.empty:
+        return exact.iloc[0], "PyTorch's defaults (bucket_cap_mb=25, gradient_as_bucket_view=False, no no_sync)"
+    if not match.empty:
+        return match.iloc[0], (
+            "closest measured to PyTorch's defaults: bucket_cap_mb=25 and no no_sync, but "
+            "gradient_as_bucket_view=True (the sweep did not measure False)"
+        )
+    return None, "the sweep did not measure PyTorch's defaults (bucket_cap_mb=25 without no_sync): no gain is given"
+
+
+def _gain(best: pd.Series, default: pd.Series | None) -> dict:
+    """Throughput gain of best over default (default step / best step - 1) with its 95% interval."""
+    if default is None:
+        return {"gain": None, "gain_ci_lo": None, "gain_ci_hi": None}
+    ratio = np.asarray(default["step_ms_reps"], dtype=float) / np.asarray(best["step_ms_reps"], dtype=float)
+    lo, hi = interval(ratio - 1)
+    return {"gain": default["step_ms"] / best["step_ms"] - 1, "gain_ci_lo": _num(lo), "gain_ci_hi": _num(hi)}
+
+
+def _verdict(out: dict, best: pd.Series, default: pd.Series | None) -> tuple[str, dict]:
+    cfg, g = _config(best), out
+    if default is None:
+        return f"best measured: {_describe(cfg)}; the sweep has no default cell to compare it with", cfg
+    if _config(default) == cfg:
+        return "PyTorch's defaults are the best measured configuration: keep them", cfg
+    if g["gain_ci_lo"] is None or not g["gain_ci_lo"] > 0:
+        shown = (
+            ""
+            if g["gain_ci_lo"] is None
+            else f" (gain {_pct(g['gain'])} [{_pct(g['gain_ci_lo'])}, {_pct(g['gain_ci_hi'])}])"
+        )
+        text = (
+            f"The intervals cannot separate the best configuration ({_describe(cfg)}) from the defaults{shown}: "
+            "keep the defaults, or measure more rounds"
+        )
+        return text, _config(default)
+    return f"use {_describe(cfg)}: {_gain_text(g)} throughput over the defaults", cfg
+
+
+def _gain_text(g: dict) -> str:
+    return f"{_pct(g['gain'])} [{_pct(g['gain_ci_lo'])}, {_pct(g['gain_ci_hi'])}]"
+
+
+def snippet(cfg: dict, gas: int, env: dict[str, str]) -> str:
+    """The code to paste: DDP's keyword arguments, the no_sync pattern where it wins, environment variables."""
+    lines = [f"export {k}={v}" for k, v in sorted(env.items())]
+    if lines:
+        lines.append("")
+    kwargs = f"bucket_cap_mb={cfg['bucket_cap_mb']:g}, gradient_as_bucket_view={bool(cfg['gradient_as_bucket_view'])}"
+    lines.append(f"model = DistributedDataParallel(model, device_ids=[local_rank], {kwargs})")
+    if cfg["no_sync"] and gas > 1:
+        lines += [
+            f"# {gas} micro-steps per optimizer step: all-reduce only on the last (DDP's no_sync())",
+            "for i, batch in enumerate(micro_batches):",
+            "    last = i == len(micro_batches) - 1",
+            "    with contextlib.nullcontext() if last else model.no_sync():",
+            f"        (loss_fn(model, batch) / {gas}).backward()",
+            "optimizer.step()",
+        ]
+    return "\n".join(lines)
+
+
+ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_")
+
+
+def _envs(rows: pd.DataFrame) -> dict[tuple[str, str], dict[str, str]]:
+    """Per (cluster, sweep): the communication variables in force on the workers, as the rows recorded them."""
+    out: dict[tuple[str, str], dict[str, str]] = {}
+    if "env" not in rows:
+        return out
+    for (cluster, sweep), grp in rows[rows["status"] == "ok"].groupby(["cluster", "sweep_id"]):
+        try:
+            env = json.loads(grp["env"].dropna().iloc[0]) if grp["env"].notna().any() else {}
+        except (ValueError, TypeError):
+            env = {}
+        out[(cluster, sweep)] = {k: str(v) for k, v in env.items() if isinstance(k, str) and k.startswith(ENV_PREFIXES)}
+    return out
+
+
+def _overlaps(r: pd.Series, best: pd.Series) -> bool:
+    if pd.isna(best["step_ms_ci_lo"]) or pd.isna(r["step_ms_ci_lo"]):
+        return _config(r) == _config(best)
+    return r["step_ms_ci_lo"] <= best["step_ms_ci_hi"] and r["step_ms_ci_hi"] >= best["step_ms_ci_lo"]
+
+
+def _config(r: pd.Series) -> dict:
+    return {
+        "bucket_cap_mb": float(r["bucket_cap_mb"]),
+        "gradient_as_bucket_view": bool(r["gradient_as_bucket_view"]),
+        "no_sync": bool(r["no_sync"]),
+    }
+
+
+def _timing(r: pd.Series) -> dict:
+    """Step time and throughput with their 95% intervals (throughput bounds come from the step's)."""
+    samples = float(r["samples_per_s"] * r["step_ms"] / 1e3)  # samples per step
+    out = {
+        "step_ms": float(r["step_ms"]),
+        "step_ms_ci_lo": _num(r["step_ms_ci_lo"]),
+        "step_ms_ci_hi": _num(r["step_ms_ci_hi"]),
+    }
+    out["samples_per_s"] = float(r["samples_per_s"])
+    out["samples_per_s_ci_lo"] = _num(samples / (r["step_ms_ci_hi"] / 1e3))
+    out["samples_per_s_ci_hi"] = _num(samples / (r["step_ms_ci_lo"] / 1e3))
+    if pd.notna(r.get("tokens_per_s")):
+        tokens = float(r["tokens_per_s"] * r["step_ms"] / 1e3)
+        out |= {
+            "tokens_per_s": float(r["tokens_per_s"]),
+            "tokens_per_s_ci_lo": _num(tokens / (r["step_ms_ci_hi"] / 1e3)),
+            "tokens_per_s_ci_hi": _num(tokens / (r["step_ms_ci_lo"] / 1e3)),
+        }
+    return out
+
+
+def _describe(cfg: dict) -> str:
+    sync = ", no_sync() on all but the last micro-step" if cfg["no_sync"] else ""
+    return f"bucket_cap_mb={cfg['bucket_cap_mb']:g}, gradient_as_bucket_view={cfg['gradient_as_bucket_view']}{sync}"
+
+
+def _pct(x: float | None) -> str:
+    return "?" if x is None else f"{x * 100:+.1f}%"
+
+
+def _num(x: object) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _plain(v: object) -> object:
+    """A JSON-able value (numpy scalars become Python ones)."""
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def to_json(recs: list[dict]) -> str:
+    return json.dumps(recs, indent=1, default=_plain)
+
+
+def to_text(recs: list[dict]) -> str:
+    """The recommendations as a person reads them: one block per curve."""
+    if not recs:
+        return "no DDP cells with ok rows: nothing to recommend"
+    blocks = []
+    for r in recs:
+        b = r["best"]
+        head = f"{r['model']} on {r['cluster']} ({r['sweep_id']}), {r['topology']}, gas {r['gas']}:"
+        timing = f"  best {b['step_ms']:.2f} ms [{_f(b['step_ms_ci_lo'])}, {_f(b['step_ms_ci_hi'])}]"
+        timing += f", {b['samples_per_s']:.1f} samples/s"
+        same = "; ".join(_describe(c) for c in r["indistinguishable"])
+        blocks.append(
+            "\n".join(
+                [
+                    head,
+                    f"  {r['verdict']}",
+                    timing,
+                    f"  compared with: {r['default_note']}",
+                    f"  indistinguishable from the best: {same}",
+                ]
+                + ["  " + line for line in r["snippet"].splitlines()]
+            )
+        )
+    return "\n\n".join(blocks)
+
+
+def _f(x: float | None) -> str:
+    return "?" if x is None else f"{x:.2f}"

@@ -1,0 +1,154 @@
+"""What is measured: a workload. The GPT presets are built-in workloads; a user's model is one by import path.
+
+The contract (README "Your own model"): a spec names `workload: "package.module:factory"` and
+`workload_args: {...}`; on every rank the harness seeds torch with the cell's seed, then calls
+`factory(**workload_args)`, which returns an object with
+
+- `model`: an `nn.Module` built on CPU (the harness moves it to the device and copies it per cell);
+- `make_batch(micro_batch: int, generator: torch.Generator) -> tuple[Tensor, ...]`: one micro-batch on
+  CPU (the harness moves it; each rank's generator is seeded from (seed, rank, micro-step));
+- `loss(model, batch) -> Tensor`: a scalar loss (`model` is what forward must run through: the DDP
+  wrapper in ddp mode);
+- optionally `tokens_per_sample: int` (tokens/s is reported where it is given; samples/s always).
+
+The workload never knows about parallelism: wrapping, timing, checks and reports are the harness's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from trainers.config import StepConfig
+from trainers.errors import ConfigError
+from trainers.model import GPT, PRESETS
+
+
+class Workload(Protocol):
+    """The object a workload factory returns (see the module docstring)."""
+
+    model: nn.Module
+
+    def make_batch(self, micro_batch: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]: ...
+
+    def loss(self, model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor: ...
+
+
+@dataclass
+class GPTWorkload:
+    """A GPT preset behind the workload contract: random token ids, next-token cross-entropy."""
+
+    model: GPT
+    seq_len: int  # tokens per sample
+
+    @property
+    def tokens_per_sample(self) -> int:
+        return self.seq_len
+
+    def make_batch(self, micro_batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        vocab = self.model.cfg.vocab_size
+        xy = torch.randint(0, vocab, (2, micro_batch, self.seq_len), generator=generator)  # (2, B, T)
+        return xy[0], xy[1]
+
+    def loss(self, model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        x, y = batch  # (B, T) token ids, (B, T) targets
+        return model(x, y)
+
+
+@dataclass
+class Built:
+    """A workload built for one device: the object, its model there (every cell copies it), its identity."""
+
+    workload: Any
+    model: nn.Module
+    fingerprint: str
+    tokens_per_sample: int | None
+
+
+def load_factory(path: str):
+    """The factory named by `package.module:attr` (the working directory is importable too, as for
+    `python -m`: a workload file beside the spec works from the `ddpsweep` script)."""
+    module_name, _, attr = path.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError("workload", path, f"an importable module ({e})") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ConfigError("workload", path, f"a callable {attr!r} in module {module_name}")
+    return factory
+
+
+def create(cfg: StepConfig) -> Any:
+    """The cell's workload object, on CPU, built after seeding torch with the cell's seed (same weights on
+    every rank)."""
+    torch.manual_seed(cfg.seed)
+    if cfg.workload is None:
+        return GPTWorkload(model=GPT(PRESETS[cfg.model]), seq_len=cfg.seq_len)
+    args = json.loads(cfg.workload_args)
+    try:
+        obj = load_factory(cfg.workload)(**args)
+    except TypeError as e:
+        raise ConfigError("workload_args", args, f"the factory's keyword arguments ({e})") from None
+    check(obj, cfg.workload)
+    return obj
+
+
+def check(obj: Any, path: str) -> None:
+    """ConfigError naming what the object returned by the factory lacks."""
+    if not isinstance(getattr(obj, "model", None), nn.Module):
+        raise ConfigError("workload", path, "a factory whose result has `model`, an nn.Module")
+    for name in ("make_batch", "loss"):
+        if not callable(getattr(obj, name, None)):
+            raise ConfigError("workload", path, f"a factory whose result has a `{name}` method")
+    if not any(p.requires_grad for p in obj.model.parameters()):
+        raise ConfigError("workload", path, "a model with trainable parameters")
+    tps = getattr(obj, "tokens_per_sample", None)
+    if tps is not None and (isinstance(tps, bool) or not isinstance(tps, int) or tps < 1):
+        raise ConfigError("workload.tokens_per_sample", tps, "an integer >= 1, or absent")
+
+
+def build(cfg: StepConfig, device: torch.device) -> Built:
+    """The workload for `cfg` with its model on `device`; ConfigError if its fingerprint is not the one the
+    sweep planned (the module changed between planning and running)."""
+    obj = create(cfg)
+    fp = fingerprint(obj.model)
+    if cfg.workload_fingerprint is not None and fp != cfg.workload_fingerprint:
+        raise ConfigError(
+            "workload", cfg.workload, f"the model the sweep planned (fingerprint {cfg.workload_fingerprint})"
+        )
+    model = obj.model.to(device)  # in place: nn.Module.to returns the module itself
+    return Built(workload=obj, model=model, fingerprint=fp, tokens_per_sample=getattr(obj, "tokens_per_sample", None))
+
+
+def fingerprint(model: nn.Module) -> str:
+    """A hash of the parameter names, shapes and dtypes, in registration order (12 hex digits)."""
+    spec = [(name, list(p.shape), str(p.dtype).removeprefix("torch.")) for name, p in model.named_parameters()]
+    return hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:12]
+
+
+def planned_fingerprint(cfg: StepConfig) -> str:
+    """The fingerprint of `cfg`'s workload, computed where the sweep is planned: on the meta device (no
+    memory, no init) where the factory allows it, else on CPU."""
+    try:
+        with torch.device("meta"):
+            return fingerprint(create(cfg).model)
+    except ConfigError:
+        raise
+    except Exception:  # noqa: BLE001 — a factory that needs real tensors: build it for real
+        return fingerprint(create(cfg).model)
+
+
+def generator(seed: int, rank: int, micro: int) -> torch.Generator:
+    """The data generator of one rank's micro-step: seeded from (seed, rank, micro-step)."""
+    return torch.Generator().manual_seed((seed * 1_000_003 + rank * 1_009 + micro + 1) % (1 << 63))
