@@ -170,7 +170,9 @@ def run_limited(
     timer = threading.Timer(timeout_s, con.interrupt)
     timer.start()
     try:
-        reader = con.sql(sql).to_arrow_reader(10_000)
+        rel = con.sql(sql)
+        check_result_columns(rel.columns, [str(t) for t in rel.types])
+        reader = rel.to_arrow_reader(10_000)
         batches, rows, size = [], 0, 0
         for batch in reader:
             rows, size = rows + batch.num_rows, size + batch.nbytes
@@ -188,6 +190,24 @@ def run_limited(
         raise QueryError(scrub(str(e)[:300])) from None
     finally:
         timer.cancel()
+
+
+# DuckDB types no result format carries faithfully (UHUGEINT max came back as -1, BIT and VARINT as raw bytes,
+# a non-UTF-8 BLOB broke JSON): refused with the column's name and the cast that works.
+UNRETURNABLE = ("UHUGEINT", "BIT", "VARINT", "BIGNUM", "UNION", "INTERVAL", "BLOB")
+
+
+def check_result_columns(names: list[str], types: list[str]) -> None:
+    """QueryError for a result with two columns of one name, or a column of a type in UNRETURNABLE."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise QueryError(f"column {name!r} appears twice in the result; give each column its own name (AS …)")
+        seen.add(name)
+    for name, typ in zip(names, types, strict=True):
+        base = typ.split("(", 1)[0].split("<", 1)[0].strip().upper()
+        if base in UNRETURNABLE or "UNION(" in typ.upper():
+            raise QueryError(f"column {name!r} is of type {typ}, which results cannot carry; CAST({name} AS VARCHAR)")
 
 
 def query_arrow(
@@ -239,6 +259,23 @@ def _cell_text(v: object) -> object:
     return "'" + v if isinstance(v, str) and v.startswith(FORMULA_START) else v
 
 
+def _json_cell(v: object) -> str:
+    """A list, array or struct cell as JSON (a struct keeps its values, not only its keys)."""
+    if v is None:
+        return ""
+    if isinstance(v, dict):
+        return json.dumps({str(k): _plain(x) for k, x in v.items()}, default=str)
+    return json.dumps([_plain(x) for x in v], default=str)
+
+
+def _plain(v: object) -> object:
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if hasattr(v, "tolist"):
+        return v.tolist()
+    return v
+
+
 def to_csv(df: pd.DataFrame) -> str:
     """CSV with list columns (step times, bucket sizes, hosts) as JSON arrays, one row per line; text that
     starts with = + - @ (a spreadsheet formula) is prefixed with ' so it stays text."""
@@ -246,7 +283,7 @@ def to_csv(df: pd.DataFrame) -> str:
     out.columns = [_cell_text(str(c)) for c in out.columns]  # SQL aliases are text a spreadsheet would run too
     for col in out.columns:
         if out[col].dtype == object and out[col].map(lambda v: hasattr(v, "__len__") and not isinstance(v, str)).any():
-            out[col] = out[col].map(lambda v: json.dumps(list(v), default=float) if v is not None else "")
+            out[col] = out[col].map(_json_cell)
         if out[col].dtype == object or pd.api.types.is_string_dtype(out[col]):
             out[col] = out[col].map(_cell_text)
     return out.to_csv(index=False)

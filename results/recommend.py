@@ -84,7 +84,12 @@ def _verdict(out: dict, best: pd.Series, default: pd.Series | None) -> tuple[str
     if default is None:
         return f"best measured: {_describe(cfg)}; the sweep has no default cell to compare it with", cfg
     if _config(default) == cfg:
-        return "PyTorch's defaults are the best measured configuration: keep them", cfg
+        which = (
+            "PyTorch's defaults are"
+            if out["default_note"].startswith("PyTorch")
+            else "the cell closest to PyTorch's defaults is"
+        )
+        return f"{which} the best measured configuration: keep the defaults", cfg
     if g["gain_ci_lo"] is None or not g["gain_ci_lo"] > 0:
         shown = (
             ""

@@ -262,8 +262,8 @@ def add_result_routes(app: FastAPI, settings: ServiceSettings, cache: CachedStor
         raw = await read_body(request, settings.max_body_bytes)
         try:
             body = QueryBody.model_validate(json.loads(raw or b"{}"))
-        except (ValueError, json.JSONDecodeError) as e:
-            message = f"body must be {{'sql': …, 'format': 'json'|'csv'}}: {e}"
+        except (ValueError, json.JSONDecodeError, RecursionError) as e:
+            message = f"body must be {{'sql': …, 'format': 'json'|'csv'}}: {str(e)[:200] or 'nested too deep'}"
             raise ApiError(422, "ValidationError", message, "sql") from None
         # DuckDB runs in the thread pool, never on the event loop: one slow query holds no other request.
         frame = await run_in_threadpool(_cached_query, cache, body.sql)

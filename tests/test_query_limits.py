@@ -108,3 +108,28 @@ def test_report_labels_with_mathtext_are_plain_text(seed_store):
     rows["spec_name"] = "m$\\frac{x$"
     html = render_html(rows, "report $\\frac{x$")
     assert html.count("<img") + html.count("<svg") >= 1
+
+
+@pytest.mark.parametrize(
+    ("sql", "says"),
+    [
+        ("select union_value(k := 1) u", "UNION"),
+        ("select INTERVAL 1 DAY i", "INTERVAL"),
+        ("select '101'::BIT b", "BIT"),
+        ("select 1::VARINT v", "CAST(v AS VARCHAR)"),
+        ("select '\\xff'::BLOB b", "BLOB"),
+        ("select 1 as a, 2 as a", "appears twice"),
+        ("select 340282366920938463463374607431768211455::UHUGEINT u", "UHUGEINT"),
+        ("select '99999-01-01'::DATE d", "column 'd'"),
+    ],
+)
+def test_types_a_result_cannot_carry_are_one_line_naming_the_column(client, sql, says):
+    answer = client.post("/query", json={"sql": sql}, headers=AUTH)
+    assert answer.status_code == 400 and says in answer.json()["error"]["message"], answer.text[:300]
+
+
+def test_structs_export_to_csv_with_their_values_and_deep_json_is_a_422(client):
+    csv = client.post("/query", json={"sql": "select {'a': 1, 'b': [1, 2]} s", "format": "csv"}, headers=AUTH)
+    assert csv.status_code == 200 and '""b"": [1, 2]' in csv.text
+    deep = client.post("/query", content=b"[" * 100_000 + b"]" * 100_000, headers=AUTH)
+    assert deep.status_code in (413, 422), deep.text[:200]
