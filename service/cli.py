@@ -49,6 +49,7 @@ def run(
     from sweeps.summary import summary_text
 
     plan = None
+    runner.raise_on_sigterm()  # kill, systemd, Kubernetes and Ray Jobs' stop: like Ctrl-C, exit 143
     try:
         plan = runner.plan_sweep(load_spec(spec), results=results, cluster=cluster, resume=resume, sweep_id=sweep_id)
         if dry_run:
@@ -71,6 +72,8 @@ def run(
             )
     except DDPSweepError as e:
         raise fail(str(e)) from None
+    except runner.Terminated:
+        raise interrupted(plan, spec, 143) from None
     except KeyboardInterrupt:
         raise interrupted(plan, spec) from None
     _print_summary(outcome, summary_text)
@@ -85,17 +88,24 @@ def progress_printer(total: int):
     return SweepProgress(total, progress_line)
 
 
-def interrupted(plan, spec: str) -> typer.Exit:
-    """Ctrl-C: say so, print the exact command that continues the sweep, exit 130."""
+def interrupted(plan, spec: str, code: int = 130) -> typer.Exit:
+    """Ctrl-C (exit 130) or SIGTERM (exit 143): say so, print the exact command that continues the sweep."""
     import shlex
 
-    if plan is None:
-        typer.echo("\ninterrupted before the sweep started; nothing was written", err=True)
-        return typer.Exit(130)
+    if plan is None or _no_manifest(plan):
+        typer.echo("\ninterrupted before the sweep started measuring; nothing was written", err=True)
+        return typer.Exit(code)
     args = ["ddpsweep", "run", spec, "--resume", plan.sweep_id, "--results", plan.store.uri, "--cluster", plan.cluster]
     typer.echo(f"\ninterrupted: sweep {plan.sweep_id} stopped; rows already written are kept.", err=True)
     typer.echo(f"continue it with: {shlex.join(args)}", err=True)
-    return typer.Exit(130)
+    return typer.Exit(code)
+
+
+def _no_manifest(plan) -> bool:
+    try:
+        return plan.store.read_manifest(plan.cluster, plan.sweep_id) is None
+    except Exception:  # noqa: BLE001 — an unreadable store: say nothing was written rather than fail here
+        return True
 
 
 def _print_summary(outcome, summary_text) -> None:

@@ -10,6 +10,8 @@ import logging
 import os
 import secrets
 import shutil
+import signal
+import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -194,6 +196,25 @@ def _tail(path: str, chars: int = 2000) -> str:
         return path
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, turned into an interrupt so the sweep stops as on Ctrl-C (rows kept, a resume command)."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated()
+
+
+_SIGTERM_WANTED: list[bool] = []  # the CLI asked for it: installed again after ray.init, which replaces it
+
+
+def raise_on_sigterm() -> None:
+    """Make SIGTERM raise Terminated in the main thread (Ray's driver installs its own handler, which dumps
+    a C++ trace and exits 134: this one is installed again once Ray is up)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        _SIGTERM_WANTED[:] = [True]
+
+
 @contextmanager
 def ray_session(address: str | None, verbose: bool) -> Iterator[None]:
     """Attach to `address` (or the job's cluster via RAY_ADDRESS), or start an embedded local Ray."""
@@ -211,6 +232,8 @@ def ray_session(address: str | None, verbose: bool) -> Iterator[None]:
         # environment: the working directory joins PYTHONPATH, so a workload module beside the spec imports.
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
         ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=True, dashboard_host="127.0.0.1", **quiet)
+    if _SIGTERM_WANTED:
+        raise_on_sigterm()  # ray.init replaced it
     try:
         yield
     finally:

@@ -279,6 +279,7 @@ def _validate(spec: SweepSpec) -> None:
     if spec.workload is None and spec.seq_len > PRESETS[spec.model].block_size:
         raise _fail("seq_len", spec.seq_len, f"1..{PRESETS[spec.model].block_size} (block size of {spec.model})")
     _validate_env(spec.env)
+    _validate_results(spec.results)
     if spec.topology is None:
         _validate_nodes(spec)
     if spec.backend == "nccl" and spec.use_gpu is False:
@@ -295,13 +296,28 @@ def _validate_workload(spec: SweepSpec) -> None:
         raise _fail(e.field, e.value, e.allowed) from None
 
 
+def _validate_results(results: str) -> None:
+    if "\0" in results:
+        raise _fail("results", results, "a folder or URI without NUL bytes")
+    scheme, sep, rest = results.partition("://")
+    if sep and not rest.strip("/").split("/", 1)[0].split("?", 1)[0]:
+        raise _fail("results", results, f"a {scheme}:// URI naming a bucket, e.g. {scheme}://bucket/ddpsweep")
+
+
 def _validate_env(env: Any) -> None:
     if not isinstance(env, dict):
         raise _fail("env", env, "a mapping of variable name to string value")
     for k, v in env.items():
         if not isinstance(k, str) or not k.startswith(ENV_PREFIXES) or not ENV_KEY_RE.match(k):
             raise _fail(f"env.{k}", k, f"a variable name of A-Z, 0-9, '_' starting with {', '.join(ENV_PREFIXES)}")
-        if not isinstance(v, (str, int, float)) or isinstance(v, bool) or "\0" in str(v) or len(str(v)) > 4096:
+        finite = not isinstance(v, float) or math.isfinite(v)
+        if (
+            not isinstance(v, (str, int, float))
+            or isinstance(v, bool)
+            or not finite
+            or "\0" in str(v)
+            or len(str(v)) > 4096
+        ):
             raise _fail(f"env.{k}", v, "a string or number (no NUL byte, at most 4096 characters)")
 
 
@@ -379,7 +395,8 @@ def load_spec_text(path: str | Path) -> tuple[SweepSpec, str]:
     p = Path(path)
     if not p.is_file():
         raise SpecError("SPEC", str(path), "an existing YAML file, e.g. sweeps/specs/smoke.yaml")
-    raw = p.read_bytes()
+    with p.open("rb") as f:
+        raw = f.read(MAX_SPEC_BYTES + 1)  # never a whole 1 GB file in memory before the size check
     if len(raw) > MAX_SPEC_BYTES:
         raise SpecError("SPEC", str(path), f"a spec file of at most {MAX_SPEC_BYTES} bytes")
     try:
@@ -402,10 +419,13 @@ _NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
 StrictLoader.yaml_implicit_resolvers = {
     k: [r for r in v if r[0] not in _NUMBER_TAGS] for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-StrictLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?[0-9]+$"), list("-+0123456789"))
+# no leading zeros: YAML 1.1 reads 010 as 8 and 09 as an error; such a value stays text and is refused by name
+StrictLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?(0|[1-9][0-9]*)$"), list("-+0123456789"))
 StrictLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$"),
+    re.compile(
+        r"^[-+]?(\.[0-9]+|(0|[1-9][0-9]*)(\.[0-9]*)?)([eE][-+]?[0-9]+)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$"
+    ),
     list("-+.0123456789"),
 )
 

@@ -285,3 +285,34 @@ def test_bad_workloads_are_one_clear_error_naming_the_field(text, field):
     with pytest.raises(SpecError) as err:
         expand(parse_spec(text))
     assert err.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [
+        ("micro_batch: 09", "micro_batch"),  # a ValueError traceback (base 8) before
+        ("repeats: 08", "repeats"),
+        ("repeats: 010", "repeats"),  # silently 8 before
+        ("timed_steps: 0010", "timed_steps"),
+        ("workers: [010]", "workers[0]"),
+        ('results: "s3://"', "results"),  # passed the dry run before
+        ("env: {NCCL_DEBUG: .nan}", "env.NCCL_DEBUG"),  # became "nan" before
+    ],
+)
+def test_spec_fuzz_finds_are_one_line_naming_the_field(line, field):
+    with pytest.raises(SpecError) as err:
+        parse_spec(f"name: f\n{line}\n")
+    assert err.value.field == field
+
+
+def test_a_huge_spec_file_is_refused_without_reading_it_whole(tmp_path, monkeypatch):
+    big = tmp_path / "big.yaml"
+    with big.open("wb") as f:
+        f.truncate(1 << 30)  # 1 GiB, sparse: reading it whole would take a gigabyte of memory
+
+    def whole(self):
+        raise AssertionError("the whole file was read")
+
+    monkeypatch.setattr(type(big), "read_bytes", whole)
+    with pytest.raises(SpecError, match="at most 262144 bytes"):
+        load_spec(big)
