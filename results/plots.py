@@ -96,6 +96,9 @@ def efficiency_figure(rows: pd.DataFrame) -> Figure:
     fig, ax = _subplots(figsize=(6, 4))
     sizes = sorted({1, *t["world_size"].dropna().astype(int)})
     for (cluster, gas, ns), grp in t.groupby(["cluster", "gas", "no_sync"]):
+        grp = grp[grp["efficiency"].notna()]  # no ok baseline: no efficiency to draw
+        if grp.empty:
+            continue
         best = grp.loc[grp.groupby("world_size")["efficiency"].idxmax()].sort_values("world_size")
         xs = [1, *best["world_size"]]  # one rank is the baseline: 100% by definition
         pct = {k: [100.0, *(best[k] * 100)] for k in ("efficiency", "efficiency_ci_lo", "efficiency_ci_hi")}

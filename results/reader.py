@@ -205,12 +205,27 @@ def _labels_ok(column: pa.ChunkedArray) -> pa.ChunkedArray:
     return pc.and_(whole, pc.invert(pc.match_substring(column, ".."))).fill_null(False)
 
 
+def _configuration_possible(table: pa.Table) -> pa.ChunkedArray | pa.Array:
+    """A bucket that is a positive finite number of MB (or none), at least one node and one rank: a row that
+    says otherwise was not written by ddpsweep and would break every page that draws it."""
+    ok = pa.array([True] * table.num_rows, pa.bool_())
+    if "bucket_cap_mb" in table.column_names:
+        b = table["bucket_cap_mb"]
+        good = pc.and_(pc.is_finite(b), pc.greater(b, 0))
+        ok = pc.and_(ok, pc.or_kleene(pc.is_null(b), good).fill_null(False))
+    for name in ("num_nodes", "world_size"):
+        if name in table.column_names:
+            ok = pc.and_(ok, pc.or_kleene(pc.is_null(table[name]), pc.greater(table[name], 0)).fill_null(False))
+    return ok
+
+
 def check_rows(table: pa.Table, source: pa.DictionaryArray, skipped: set[str] | None = None) -> pa.Table:
     """Skip, with a warning naming each file, ok rows whose step time is not a positive finite number and
     rows whose `cluster` / `sweep_id` disagree with the folders (cluster=<c>/sweep=<s>/) they sit in."""
     ms = table["step_ms"]
     real = pc.and_(pc.is_finite(ms), pc.greater(ms, 0)).fill_null(False)
     possible = pc.or_(pc.invert(pc.equal(table["status"], "ok")), real).fill_null(True)
+    possible = pc.and_(possible, _configuration_possible(table))
     folders = [
         dict(p.split("=", 1) for p in path.split("/") if p.startswith(("cluster=", "sweep=")))
         for path in source.dictionary.to_pylist()
@@ -226,7 +241,7 @@ def check_rows(table: pa.Table, source: pa.DictionaryArray, skipped: set[str] | 
         return table
     paths = source.dictionary.to_pylist()
     for mask, why in (
-        (possible, "with an impossible measurement"),
+        (possible, "with an impossible measurement or configuration"),
         (filed, "whose cluster / sweep_id disagree with its folders"),
         (labelled, "whose cluster / sweep_id is not a valid label"),
     ):

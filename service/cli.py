@@ -238,6 +238,10 @@ def compare(
         rows = [load(results, cluster=c) for c in cluster]
         both = pd.concat(rows, ignore_index=True)
         if sweep:
+            unknown = sorted(set(sweep) - set(both["sweep_id"]))
+            if unknown:
+                known = ", ".join(sorted(set(both["sweep_id"])))
+                raise ConfigError("--sweep", unknown[0], f"a sweep of these clusters: {known}")
             both = both[both["sweep_id"].isin(sweep)]
         typer.echo(render(compare_clusters(both, cluster[0], cluster[1]), fmt))
         if scaling_figure:
@@ -279,6 +283,7 @@ def scaling(
         rows = pd.concat([load(results, cluster=c, sweep=sweep) for c in (cluster or [None])], ignore_index=True)
         calibration = pd.concat([load_calibration(results, c, sweep) for c in (cluster or [None])])
         table = scaling_table(rows, calibration)
+        render(table.head(0), fmt)  # an unknown --format is refused before anything is printed
     except DDPSweepError as e:
         raise fail(str(e)) from None
     if table.empty:
@@ -334,7 +339,10 @@ def report(
         algbw = algbw_gbps * 1e9 if algbw_gbps else None
         calibration = pd.concat([load_calibration(results, c, sweep) for c in (cluster or [None])])
         if fmt == "png":
-            for path in write_pngs(rows, out, algbw, calibration):
+            written = write_pngs(rows, out, algbw, calibration)
+            if not written:
+                raise ConfigError("--results", results, "a store with ok rows to draw (every row is an error)")
+            for path in written:
                 typer.echo(str(path))
             return
         title = f"ddpsweep report: {', '.join(cluster or ['all clusters'])}"

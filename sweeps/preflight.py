@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 
 from sweeps.grid import Cell
+from sweeps.options import placement_for
 from sweeps.spec import SpecError
 
 # The Tune trial's own bundle: memory only, so it takes no CPU from the workers (a {"cpu": 0.01}
@@ -49,8 +50,24 @@ def _workers_fitting(node: tuple[float, float], cpus: float, use_gpu: bool) -> i
     return min(fit, int(gpu)) if use_gpu else fit
 
 
-def cell_problem(cell: Cell, res: ClusterResources, cpus: float, use_gpu: bool) -> str | None:
+def placement_problem(cell: Cell, placement: str, nodes: int) -> str | None:
+    """Why the Ray placement strategy can never place this cell's topology, or None."""
+    strategy = placement_for(cell, placement)
+    if strategy == "STRICT_SPREAD" and cell.world_size > 1 and (cell.workers_per_node > 1 or cell.world_size > nodes):
+        return (
+            f"placement STRICT_SPREAD puts every worker on its own node, but topology {cell.topology} has "
+            f"{cell.workers_per_node} worker(s) per node on a cluster of {nodes} node(s): use placement auto or PACK"
+        )
+    if strategy == "STRICT_PACK" and cell.num_nodes > 1:
+        return f"placement STRICT_PACK puts every worker on one node, but topology {cell.topology} spans nodes"
+    return None
+
+
+def cell_problem(cell: Cell, res: ClusterResources, cpus: float, use_gpu: bool, placement: str = "auto") -> str | None:
     """Why this cell can never be scheduled, or None."""
+    problem = placement_problem(cell, placement, len(res.nodes))
+    if problem:
+        return problem
     hosts = sorted((_workers_fitting(n, cpus, use_gpu) for n in res.nodes), reverse=True)
     if len(hosts) < cell.num_nodes:
         return f"needs {cell.num_nodes} nodes; the cluster has {len(hosts)}"
@@ -65,13 +82,18 @@ def cell_problem(cell: Cell, res: ClusterResources, cpus: float, use_gpu: bool) 
 
 
 def check(
-    cells: list[Cell], res: ClusterResources, cpus_per_worker: float, use_gpu: bool, field: str = "workers"
+    cells: list[Cell],
+    res: ClusterResources,
+    cpus_per_worker: float,
+    use_gpu: bool,
+    field: str = "workers",
+    placement: str = "auto",
 ) -> None:
     """Raise SpecError (on `field`: workers, or topology) listing every cell that can never be scheduled,
     with the nodes and per-node resources found."""
     bad = []
     for cell in cells:
-        problem = cell_problem(cell, res, cpus_per_worker, use_gpu)
+        problem = cell_problem(cell, res, cpus_per_worker, use_gpu, placement)
         if problem:
             bad.append(f"  cell {cell.cell_id} ({cell.step.mode}, topology {cell.topology}): {problem}")
     if bad:

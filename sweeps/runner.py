@@ -5,6 +5,7 @@ Each measurement's row is written to the store by `RowWriter` on the driver the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -141,7 +142,18 @@ def claimed(plan: SweepPlan) -> Iterator[None]:
         plan.todo = pending(plan)
         yield
     finally:
+        if plan.store.is_local and plan.store.read_manifest(plan.cluster, plan.sweep_id) is None:
+            _remove_trace(folder)  # nothing measured (e.g. refused by the pre-flight): leave no trace
         held.__exit__(None, None, None)
+
+
+def _remove_trace(folder: str) -> None:
+    """Remove the claim of a sweep that wrote nothing, and its folders if they are empty now."""
+    with contextlib.suppress(OSError):
+        os.remove(f"{folder}/{CLAIM}")
+    for path in (folder, os.path.dirname(folder)):
+        with contextlib.suppress(OSError):
+            os.rmdir(path)  # only if empty
 
 
 def _decode_row(text: str | dict) -> dict:
@@ -269,7 +281,9 @@ def check_local(plan: SweepPlan) -> None:
 
     res = preflight.ClusterResources.local(gpus=torch.cuda.device_count())
     opts = resolve_options(plan, res, "")
-    preflight.check(plan.cells, res, opts.cpus_per_worker, opts.use_gpu, field=_grid_field(plan.spec))
+    preflight.check(
+        plan.cells, res, opts.cpus_per_worker, opts.use_gpu, field=_grid_field(plan.spec), placement=opts.placement
+    )
 
 
 def _storage_path(plan: SweepPlan) -> str:
@@ -317,7 +331,14 @@ def _execute(plan: SweepPlan, address: str | None, verbose: bool, progress: Prog
         with claimed(plan), ray_session(address, verbose):
             res = preflight.ClusterResources.from_ray()
             opts = resolve_options(plan, res, storage)
-            preflight.check(plan.cells, res, opts.cpus_per_worker, opts.use_gpu, field=_grid_field(plan.spec))
+            preflight.check(
+                plan.cells,
+                res,
+                opts.cpus_per_worker,
+                opts.use_gpu,
+                field=_grid_field(plan.spec),
+                placement=opts.placement,
+            )
             plan.store.write_manifest(plan.cluster, plan.sweep_id, _manifest(plan, opts))
             if plan.groups():
                 writer = RowWriter(plan.store, opts, progress)

@@ -1,0 +1,94 @@
+"""Hardening round 3: odd arguments are one line and a non-zero exit, never a traceback or a silent 0."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from results.store import Store
+from service.cli import app
+from tests.seed_rows import seed_rows
+
+
+def store_of(tmp_path, rows) -> str:
+    store = Store.open(str(tmp_path))
+    for r in rows:
+        store.write_row(r)
+    return str(tmp_path)
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def test_report_of_ddp_rows_without_a_baseline_renders(tmp_path):
+    root = store_of(tmp_path, [r for r in seed_rows() if r["mode"] == "ddp"])  # idxmax over all-NA before
+    out = invoke("report", "--results", root, "--out", str(tmp_path / "r.html"))
+    assert out.exit_code == 0, out.output
+    assert "Recommendation" in (tmp_path / "r.html").read_text()
+
+
+def test_report_png_of_an_all_error_store_is_an_error_not_a_silent_zero(tmp_path):
+    rows = [r | {"status": "error", "error": "boom", "step_ms": None} for r in seed_rows()]
+    out = invoke("report", "--results", store_of(tmp_path / "s", rows), "--out", str(tmp_path / "p"), "--format", "png")
+    assert out.exit_code == 2 and "ok rows" in out.output
+
+
+def test_scaling_with_an_unknown_format_is_one_line(seed_store):
+    out = invoke("scaling", "--results", seed_store, "--format", "xml")
+    assert (
+        out.exit_code == 2
+        and "format 'xml'" in out.output
+        and out.exception is None
+        or isinstance(out.exception, SystemExit)
+    )
+
+
+def test_compare_with_an_unknown_sweep_names_the_sweeps_there_are(tmp_path):
+    rows = seed_rows() + [r | {"cluster": "other"} for r in seed_rows()]
+    out = invoke(
+        "compare",
+        "--cluster",
+        "pcie-8x",
+        "--cluster",
+        "other",
+        "--results",
+        store_of(tmp_path, rows),
+        "--sweep",
+        "nosuch",
+    )
+    assert out.exit_code == 2 and "--sweep" in out.output and "seed" in out.output
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("inf")])
+def test_a_stored_row_with_an_impossible_bucket_does_not_break_the_sweep_page(tmp_path, value):
+    import pyarrow.parquet as pq
+    from fastapi.testclient import TestClient
+
+    from results.schema import row_table
+    from service.api import ServiceSettings, create_app
+
+    root = store_of(tmp_path, seed_rows())
+    bad = seed_rows()[2] | {"bucket_cap_mb": value, "cell_id": "bad", "num_nodes": 0}
+    pq.write_table(row_table(bad), tmp_path / "cluster=pcie-8x" / "sweep=seed" / "bad-r0.parquet")
+    client = TestClient(create_app(ServiceSettings(address=None, results=root, token="t")))
+    assert client.get("/ui/sweep/pcie-8x/seed").status_code == 200
+
+
+def test_strict_spread_on_one_node_is_refused_by_the_preflight(tmp_path):
+    """It passed the dry run before, then burned 2 x cell_timeout_s and blamed the timeout."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\ntopology: [1x2]\nplacement: STRICT_SPREAD\n")
+    out = invoke("run", str(spec), "--dry-run", "--results", str(tmp_path / "r"))
+    assert out.exit_code == 2 and "STRICT_SPREAD puts every worker on its own node" in out.output
+    assert invoke("run", str(spec).replace("s.yaml", "p.yaml"), "--dry-run").exit_code == 2  # no such file
+
+
+def test_strict_pack_across_nodes_is_refused():
+    from sweeps.grid import expand
+    from sweeps.preflight import placement_problem
+    from sweeps.spec import parse_spec
+
+    cell = next(c for c in expand(parse_spec("name: s\ntopology: [2x1]\n")) if c.num_nodes == 2)
+    assert "STRICT_PACK" in placement_problem(cell, "STRICT_PACK", 2)
+    assert placement_problem(cell, "auto", 2) is None
