@@ -53,9 +53,9 @@ def run(
     try:
         plan = runner.plan_sweep(load_spec(spec), results=results, cluster=cluster, resume=resume, sweep_id=sweep_id)
         if dry_run:
+            typer.echo(cells_table(plan.cells, plan.spec.repeats, plan.spec.isolation))  # the grid first, always
             if not address and not os.environ.get("RAY_ADDRESS"):
-                runner.check_local(plan)  # the grid must fit this machine's embedded Ray, dry run or not
-            typer.echo(cells_table(plan.cells, plan.spec.repeats, plan.spec.isolation))
+                _dry_run_here(runner, plan)  # then: could this machine's embedded Ray run it?
             return
         os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # Ctrl-C interrupts the sweep (below), not just Tune
         typer.echo(
@@ -72,11 +72,24 @@ def run(
             )
     except DDPSweepError as e:
         raise fail(str(e)) from None
-    except runner.Terminated:
-        raise interrupted(plan, spec, 143) from None
-    except KeyboardInterrupt:
-        raise interrupted(plan, spec) from None
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (runner.Terminated, perhaps re-raised by Tune as a plain one)
+        raise interrupted(plan, spec, 143 if runner.terminated() else 130) from None
     _print_summary(outcome, summary_text)
+
+
+def _dry_run_here(runner, plan) -> None:
+    """The pre-flight against this machine's embedded Ray; when it cannot hold the grid, say so and how to
+    check against the cluster the spec is meant for, then exit 2 (the grid is already printed)."""
+    try:
+        runner.check_local(plan)
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        typer.echo(
+            "this machine's embedded Ray cannot run it; to check against the cluster it is meant for: "
+            "ddpsweep run SPEC --dry-run --address HEAD:6379 (or RAY_ADDRESS)",
+            err=True,
+        )
+        raise typer.Exit(2) from None
 
 
 def progress_printer(total: int):

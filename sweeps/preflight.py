@@ -65,12 +65,12 @@ def placement_problem(cell: Cell, placement: str, nodes: int) -> str | None:
 
 def cell_problem(cell: Cell, res: ClusterResources, cpus: float, use_gpu: bool, placement: str = "auto") -> str | None:
     """Why this cell can never be scheduled, or None."""
-    problem = placement_problem(cell, placement, len(res.nodes))
-    if problem:
-        return problem
     hosts = sorted((_workers_fitting(n, cpus, use_gpu) for n in res.nodes), reverse=True)
     if len(hosts) < cell.num_nodes:
         return f"needs {cell.num_nodes} nodes; the cluster has {len(hosts)}"
+    problem = placement_problem(cell, placement, len(res.nodes))
+    if problem:
+        return problem
     short = [h for h in hosts[: cell.num_nodes] if h < cell.workers_per_node]
     if short:
         unit = f"{cpus:g} CPU" + (" + 1 GPU" if use_gpu else "")

@@ -212,8 +212,17 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, turned into an interrupt so the sweep stops as on Ctrl-C (rows kept, a resume command)."""
 
 
+_TERMINATED: list[bool] = []  # SIGTERM arrived (Ray or Tune may re-raise it as a plain KeyboardInterrupt)
+
+
 def _on_sigterm(signum, frame) -> None:
+    _TERMINATED[:] = [True]
     raise Terminated()
+
+
+def terminated() -> bool:
+    """Whether this process got SIGTERM (so an interrupt exits 143, not 130)."""
+    return bool(_TERMINATED)
 
 
 _SIGTERM_WANTED: list[bool] = []  # the CLI asked for it: installed again after ray.init, which replaces it

@@ -107,15 +107,17 @@ def test_ctrl_c_and_sigterm_say_interrupted_print_the_resume_command_and_exit(tm
     proc = ddpsweep("run", str(spec), "--results", str(results), "--sweep-id", "ctrlc")
     store = Store.open(str(results))
     deadline = time.time() + 300
-    while len(store.files()) < 4 and time.time() < deadline:
+    rows = 4 if sig == signal.SIGINT else 0  # SIGTERM: as soon as Ray is up and the plan written
+    manifest = results / "cluster=local" / "sweep=ctrlc" / "_sweep.json"
+    while (len(store.files()) < rows or not manifest.exists()) and time.time() < deadline:
         time.sleep(0.2)
-    proc.send_signal(sig)  # Ctrl-C (or kill, systemd, Kubernetes) in the middle of the DDP group
+    proc.send_signal(sig)  # Ctrl-C (or kill, systemd, Kubernetes) in the middle of the sweep
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err[-2000:]
     assert "SIGTERM received" not in err and "Traceback" not in err
     assert "interrupted: sweep ctrlc stopped" in err and "--resume ctrlc" in err
     assert f"--results {results}" in err
-    assert 4 <= len(store.files()) < 12 and not list(Path("/tmp").glob("ddpsweep-ctrlc-*"))
+    assert rows <= len(store.files()) < 12 and not list(Path("/tmp").glob("ddpsweep-ctrlc-*"))
 
 
 @pytest.mark.ray

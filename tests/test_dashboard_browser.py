@@ -95,12 +95,22 @@ def server(store_dir):
 
 
 @pytest.fixture(scope="module")
-def browser():
+def browser(tmp_path_factory):
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
 
     opts = Options()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1300,1000"):
+    profile = tmp_path_factory.mktemp("chromium-profile")  # its own profile: a stray Chromium never blocks it
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--window-size=1300,1000",
+        f"--user-data-dir={profile}",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--no-first-run",
+    ):
         opts.add_argument(arg)
     opts.binary_location = shutil.which("chromium")
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})

@@ -92,3 +92,10 @@ def test_strict_pack_across_nodes_is_refused():
     cell = next(c for c in expand(parse_spec("name: s\ntopology: [2x1]\n")) if c.num_nodes == 2)
     assert "STRICT_PACK" in placement_problem(cell, "STRICT_PACK", 2)
     assert placement_problem(cell, "auto", 2) is None
+
+
+def test_a_gpu_specs_dry_run_on_a_laptop_prints_the_grid_then_the_verdict():
+    out = invoke("run", "sweeps/specs/seed.yaml", "--dry-run")
+    assert out.exit_code == 2
+    grid_at, verdict_at = out.output.index("78 measurements"), out.output.index("embedded Ray cannot run it")
+    assert grid_at < verdict_at and "--address HEAD:6379" in out.output

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
+from results.store import load
 from service.api import ServiceSettings, create_app
 from service.cli import app as cli_app
 from tests.ray_head import ray_head
@@ -186,3 +188,23 @@ def test_the_address_comes_from_ray_s_own_variables(monkeypatch):
     monkeypatch.setenv("RAY_API_SERVER_ADDRESS", "http://api:8265")
     assert resolve_address(None) == "http://api:8265"
     assert resolve_address("https://given:443") == "https://given:443"
+
+
+@pytest.mark.slow
+def test_submit_ships_the_folder_that_holds_the_workload(head, tmp_path):
+    """A workload module that exists only in the submitted folder (not on the head's path) runs there."""
+    from tests.test_workloads import their_folder
+
+    folder = their_folder(tmp_path, "remote")
+    runner = CliRunner()
+    args = ["submit", str(folder / "spec.yaml"), "--address", head, "--results", str(tmp_path / "store")]
+    out = runner.invoke(cli_app, [*args, "--workdir", str(folder)])
+    assert out.exit_code == 0, out.output
+    sweep_id = re.search(r"sweep (\S+) submitted", out.output).group(1)
+    deadline = time.time() + 500
+    while "SUCCEEDED" not in (st := runner.invoke(cli_app, ["status", sweep_id, "--address", head]).output):
+        logs = "" if "FAILED" not in st else runner.invoke(cli_app, ["logs", sweep_id, "--address", head]).output
+        assert time.time() < deadline and "FAILED" not in st, logs[-3000:]
+        time.sleep(2)
+    rows = load(str(tmp_path / "store"), sweep=sweep_id)
+    assert len(rows) == 3 and set(rows["status"]) == {"ok"} and set(rows["workload"]) == {"theirs_remote:make"}

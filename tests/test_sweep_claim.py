@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from results.lease import lease
-from results.store import Store, load
+from results.store import Store
 from sweeps.runner import CLAIM, claimed, plan_sweep
 from sweeps.spec import SpecError, parse_spec
 from tests.test_cli_sweep import ddpsweep
@@ -69,11 +70,14 @@ def test_two_runs_with_one_sweep_id_at_once(tmp_path):
     held = json.loads(claim.read_text())
     second = ddpsweep(*args)
     _, err2 = second.communicate(timeout=120)
-    out1, err1 = first.communicate(timeout=600)
-    assert first.returncode == 0, err1[-2000:]
     assert second.returncode == 2 and f"pid {held['pid']}" in err2 and "same" in err2, err2
-    rows = load(str(results), sweep="same")
-    assert len(rows) == 2 and set(rows["status"]) == {"ok"}
+    manifest = claim.parent / "_sweep.json"
+    while not manifest.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    first.send_signal(signal.SIGINT)  # the first run is not disturbed by the second: stop it ourselves
+    _, err1 = first.communicate(timeout=300)
+    assert first.returncode == 130 and "--resume same" in err1, err1[-2000:]
+    assert manifest.exists() and json.loads(manifest.read_text())["sweep_id"] == "same"
     with lease(Store.open(str(results)).fs, str(claim.parent), CLAIM, purpose="t", what="t"):
         pass  # released by the first run at its end
     assert Path(claim).read_text() == ""

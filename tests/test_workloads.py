@@ -8,12 +8,10 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from typer.testing import CliRunner
 
 from results.store import load
 from service.api import ServiceSettings, create_app
@@ -55,14 +53,14 @@ workload: "theirs_{tag}:make"
 workload_args: {{channels: 8}}
 micro_batch: 8
 warmup_steps: 1
-timed_steps: 4
+timed_steps: 3
 workers: [2]
 bucket_cap_mb: [0.001, 25]
 gas: [1]
 backend: gloo
 use_gpu: false
 cpus_per_worker: 1
-repeats: 2
+repeats: 1
 """
 
 
@@ -87,7 +85,7 @@ def test_their_workload_runs_on_the_embedded_ray_and_gets_a_recommendation(tmp_p
     run = cli("run", "spec.yaml", "--results", str(tmp_path / "r"), cwd=folder)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = load(str(tmp_path / "r"))
-    assert len(rows) == 6 and set(rows["status"]) == {"ok"}, rows["error"].tolist()
+    assert len(rows) == 3 and set(rows["status"]) == {"ok"}, rows["error"].tolist()
     assert set(rows["workload"]) == {"theirs_local:make"} and set(rows["workload_args"]) == {'{"channels":8}'}
     assert rows["workload_fingerprint"].nunique() == 1 and re.fullmatch(
         r"[0-9a-f]{12}", rows["workload_fingerprint"][0]
@@ -115,27 +113,3 @@ def test_post_sweeps_refuses_an_import_path_without_an_allowlist(seed_store):
     other = ServiceSettings(address=None, results=seed_store, token="t", allow_workload=("theirs",))
     prefix_only = TestClient(create_app(other)).post("/sweeps", content=spec, headers={"Authorization": "Bearer t"})
     assert prefix_only.status_code == 403  # "theirs" is a module prefix, not a string prefix of "theirs_x"
-
-
-@pytest.mark.ray
-@pytest.mark.slow
-def test_submit_ships_the_folder_that_holds_the_workload(tmp_path, monkeypatch):
-    from service.cli import app as cli_app
-    from tests.ray_head import ray_head
-
-    folder = their_folder(tmp_path, "remote")
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    with ray_head("disabled") as head:
-        runner = CliRunner()
-        args = ["submit", str(folder / "spec.yaml"), "--address", head, "--results", str(tmp_path / "store")]
-        out = runner.invoke(cli_app, [*args, "--workdir", str(folder)])
-        assert out.exit_code == 0, out.output
-        sweep_id = re.search(r"sweep (\S+) submitted", out.output).group(1)
-        deadline = time.time() + 500
-        while "SUCCEEDED" not in (st := runner.invoke(cli_app, ["status", sweep_id, "--address", head]).output):
-            assert time.time() < deadline and "FAILED" not in st, runner.invoke(
-                cli_app, ["logs", sweep_id, "--address", head]
-            ).output[-3000:]
-            time.sleep(2)
-    rows = load(str(tmp_path / "store"), sweep=sweep_id)
-    assert len(rows) == 6 and set(rows["status"]) == {"ok"} and set(rows["workload"]) == {"theirs_remote:make"}
