@@ -33,6 +33,18 @@ MAX_RESULT_BYTES = 64 * 2**20  # Arrow bytes of one result (the rendered respons
 GRACE_S = 2.0  # past the deadline, before the process is killed
 
 
+@contextmanager
+def memory_limited(budget: int = MEMORY_BUDGET_BYTES) -> Iterator[None]:
+    """limit_address_space for the block, then the previous limit again (a process that goes on after the
+    query, and the children it starts later, e.g. a test runner's browser, must not inherit the cap)."""
+    before = resource.getrlimit(resource.RLIMIT_DATA)
+    limit_address_space(budget)
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, before)
+
+
 def limit_address_space(budget: int = MEMORY_BUDGET_BYTES) -> None:
     """Cap this process's writable private memory (RLIMIT_DATA: heap and anonymous mappings, what a query
     allocates) at what it holds now plus `budget`; never raises the hard limit. RLIMIT_AS would also count

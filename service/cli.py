@@ -189,8 +189,7 @@ def query(
         os._exit(2)
 
     try:
-        isolation.limit_address_space()
-        with isolation.hard_deadline(timeout + isolation.GRACE_S, expired):
+        with isolation.memory_limited(), isolation.hard_deadline(timeout + isolation.GRACE_S, expired):
             typer.echo(render(run_query(results, sql, timeout_s=timeout), fmt))
     except DDPSweepError as e:
         raise fail(str(e)) from None

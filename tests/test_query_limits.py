@@ -133,3 +133,15 @@ def test_structs_export_to_csv_with_their_values_and_deep_json_is_a_422(client):
     assert csv.status_code == 200 and '""b"": [1, 2]' in csv.text
     deep = client.post("/query", content=b"[" * 100_000 + b"]" * 100_000, headers=AUTH)
     assert deep.status_code in (413, 422), deep.text[:200]
+
+
+def test_the_cli_query_gives_its_memory_cap_back(seed_store):
+    """In-process (as a test runner or a notebook calls it) the cap lasts for the query only: a browser the
+    same process starts later hung under it."""
+    from typer.testing import CliRunner
+
+    from service.cli import app
+
+    before = resource.getrlimit(resource.RLIMIT_DATA)
+    assert CliRunner().invoke(app, ["query", "select 1 as one", "--results", seed_store]).exit_code == 0
+    assert resource.getrlimit(resource.RLIMIT_DATA) == before

@@ -258,9 +258,8 @@ RECSYS = StepConfig(
 )
 
 
-@pytest.mark.parametrize("bucket_cap_mb", [25.0, 0.001])
-def test_a_user_workload_ddp_average_equals_full_batch_gradient(tmp_path, bucket_cap_mb):
-    cfg = dataclasses.replace(RECSYS, bucket_cap_mb=bucket_cap_mb)
+def test_a_user_workload_ddp_average_equals_full_batch_gradient(tmp_path):
+    cfg = dataclasses.replace(RECSYS, bucket_cap_mb=0.001)  # a bucket per tensor or so: many all-reduces
     per_rank = run_world(grads_after_backward, 2, tmp_path, cfg)
     expected = full_batch_grads(cfg, 2)
     assert_same(per_rank[0], expected, atol=1e-6)
