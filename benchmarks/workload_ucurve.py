@@ -36,6 +36,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="results root (default: a temporary folder)")
     args = parser.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="ddpsweep-workloads-"))
+    out.mkdir(parents=True, exist_ok=True)
     for name, spec in specs(args.repeats).items():  # one after the other, on the same idle machine
         path = out / f"{name}.yaml"
         path.write_text(yaml.safe_dump(spec))

@@ -17,7 +17,9 @@ def progress_line(row: dict, done: int, total: int) -> str:
         f"no_sync={str(row['no_sync']).lower():<5} r={row.get('round', 0)}"
     )
     if row["status"] == "ok":
-        result = f"{row['step_ms']:8.2f} ms  {row['tokens_per_s'] / 1e3:8.1f} ktok/s  ok"
+        tokens = row.get("tokens_per_s")  # None for a workload without tokens_per_sample: samples/s then
+        rate = f"{tokens / 1e3:8.1f} ktok/s" if tokens is not None else f"{row['samples_per_s']:8.1f} samples/s"
+        result = f"{row['step_ms']:8.2f} ms  {rate}  ok"
     else:
         result = f"ERROR {row['error'].splitlines()[0][:160] if row['error'] else ''}"
     return f"[{done}/{total}] {row['cell_id']} {what} {result}"

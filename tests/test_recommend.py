@@ -102,3 +102,11 @@ def test_recommend_over_the_cli_and_http_agree(seed_store):
     assert text.returncode == 0 and "DistributedDataParallel(model" in text.stdout
     page = client.get("/ui/sweep/pcie-8x/seed").text
     assert "Recommendation" in page and "no_sync()" in page
+
+
+def test_progress_lines_show_samples_where_a_workload_gives_no_tokens():
+    from sweeps.summary import progress_line
+
+    row = seed_rows()[1] | {"tokens_per_s": None, "samples_per_s": 523.4, "round": 0}
+    assert "523.4 samples/s  ok" in progress_line(row, 1, 2)
+    assert "ktok/s" in progress_line(seed_rows()[1] | {"samples_per_s": 1.0}, 1, 2)
