@@ -71,18 +71,18 @@ def store_dir(tmp_path_factory) -> str:
     return str(root)
 
 
-@pytest.fixture(scope="module")
-def server(store_dir):
+def serving(store: str):
+    """`ddpsweep serve` over `store` on a free loopback port until the generator is closed; yields its URL."""
+    import httpx
+
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--results", store_dir],
+        [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--results", store],
         cwd=ROOT,
         env={**os.environ, "DDPSWEEP_TOKEN": "t"},
         stderr=subprocess.DEVNULL,
     )
     base = f"http://127.0.0.1:{port}"
-    import httpx
-
     for _ in range(200):
         try:
             httpx.get(f"{base}/openapi.json", timeout=2)
@@ -92,6 +92,11 @@ def server(store_dir):
     yield base
     proc.terminate()
     proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(store_dir):
+    yield from serving(store_dir)
 
 
 @pytest.fixture(scope="module")
@@ -212,25 +217,7 @@ def hostile_server(tmp_path):
         row_table(pack[0]).from_pylist(pack, schema=row_table(pack[0]).schema),
         root / "cluster=ok" / "compacted.parquet",
     )
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--results", str(root)],
-        cwd=ROOT,
-        env={**os.environ, "DDPSWEEP_TOKEN": "t"},
-        stderr=subprocess.DEVNULL,
-    )
-    import httpx
-
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            httpx.get(f"{base}/openapi.json", timeout=2)
-            break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    yield base
-    proc.terminate()
-    proc.wait(timeout=30)
+    yield from serving(str(root))
 
 
 def test_stored_markup_is_shown_as_text_never_run(browser, hostile_server):

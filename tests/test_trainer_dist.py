@@ -23,6 +23,15 @@ from trainers.step import (
 CPU = torch.device("cpu")
 BASE = StepConfig(model="tiny", micro_batch=4, seq_len=32, warmup_steps=1, timed_steps=3)
 
+# A workload that is not GPT-shaped (sweeps/examples/recsys.py), through the same harness and the same checks.
+RECSYS = StepConfig(
+    workload="sweeps.examples.recsys:build",
+    workload_args='{"rows": 5000, "dim": 8, "fields": 4, "layers": 4, "width": 16}',
+    micro_batch=8,
+    warmup_steps=1,
+    timed_steps=3,
+)
+
 
 def grads_after_backward(rank: int, cfg: StepConfig) -> dict[str, torch.Tensor]:
     rep = setup_replica(cfg, CPU)
@@ -51,9 +60,14 @@ def assert_same(a: dict, b: dict, atol: float) -> None:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=atol, msg=lambda m, name=name: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("bucket_cap_mb", [25.0, 0.01])
-def test_ddp_average_equals_full_batch_gradient(tmp_path, bucket_cap_mb):
-    cfg = dataclasses.replace(BASE, bucket_cap_mb=bucket_cap_mb)
+@pytest.mark.parametrize(
+    ("base", "bucket_cap_mb", "tensor"),
+    [(BASE, 25.0, "wte.weight"), (BASE, 0.01, "wte.weight"), (RECSYS, 0.001, "table.weight")],
+    ids=["gpt-25MB", "gpt-0.01MB", "recsys-0.001MB"],
+)
+def test_ddp_average_equals_full_batch_gradient(tmp_path, base, bucket_cap_mb, tensor):
+    """For the GPT preset and for a workload that is not GPT-shaped (sweeps/examples/recsys.py)."""
+    cfg = dataclasses.replace(base, bucket_cap_mb=bucket_cap_mb)
     per_rank = run_world(grads_after_backward, 2, tmp_path, cfg)
     expected = full_batch_grads(cfg, 2)
     assert_same(per_rank[0], expected, atol=1e-6)
@@ -61,7 +75,7 @@ def test_ddp_average_equals_full_batch_gradient(tmp_path, bucket_cap_mb):
     # the invariant is not vacuous: each rank's local gradient differs from the average
     local = setup_replica(dataclasses.replace(cfg, mode="single"), CPU)
     forward_backward(local)
-    assert not torch.allclose(local.model.wte.weight.grad, expected["wte.weight"], atol=1e-6)
+    assert not torch.allclose(local.model.get_parameter(tensor).grad, expected[tensor], atol=1e-7)
 
 
 def test_no_sync_accumulation_equals_syncing_every_micro_step(tmp_path):
@@ -246,27 +260,6 @@ def test_comm_trace_changes_no_number_and_records_every_bucket(tmp_path):
     assert sorted(b for b, _, _ in m.comm_timeline_ms) == list(range(m.num_buckets))
     assert all(done >= launch >= 0 for _, launch, done in m.comm_timeline_ms)
     assert 0 < m.comm_exposed_ms <= m.comm_ms < m.step_ms and 0 <= m.comm_overlap_frac <= 1
-
-
-# A workload that is not GPT-shaped (sweeps/examples/recsys.py), through the same harness and the same checks.
-RECSYS = StepConfig(
-    workload="sweeps.examples.recsys:build",
-    workload_args='{"rows": 5000, "dim": 8, "fields": 4, "layers": 4, "width": 16}',
-    micro_batch=8,
-    warmup_steps=1,
-    timed_steps=3,
-)
-
-
-def test_a_user_workload_ddp_average_equals_full_batch_gradient(tmp_path):
-    cfg = dataclasses.replace(RECSYS, bucket_cap_mb=0.001)  # a bucket per tensor or so: many all-reduces
-    per_rank = run_world(grads_after_backward, 2, tmp_path, cfg)
-    expected = full_batch_grads(cfg, 2)
-    assert_same(per_rank[0], expected, atol=1e-6)
-    assert_same(per_rank[1], per_rank[0], atol=0.0)
-    local = setup_replica(dataclasses.replace(cfg, mode="single"), CPU)
-    forward_backward(local)
-    assert not torch.allclose(local.model.table.weight.grad, expected["table.weight"], atol=1e-7)
 
 
 def test_a_user_workload_no_sync_equals_syncing_every_micro_step(tmp_path):
