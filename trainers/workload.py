@@ -65,11 +65,10 @@ class GPTWorkload:
 
 @dataclass
 class Built:
-    """A workload built for one device: the object, its model there (every cell copies it), its identity."""
+    """A workload built for one device: the object and its model there (every cell copies it)."""
 
     workload: Any
     model: nn.Module
-    fingerprint: str
     tokens_per_sample: int | None
 
 
@@ -128,7 +127,7 @@ def build(cfg: StepConfig, device: torch.device) -> Built:
             "workload", cfg.workload, f"the model the sweep planned (fingerprint {cfg.workload_fingerprint})"
         )
     model = obj.model.to(device)  # in place: nn.Module.to returns the module itself
-    return Built(workload=obj, model=model, fingerprint=fp, tokens_per_sample=getattr(obj, "tokens_per_sample", None))
+    return Built(workload=obj, model=model, tokens_per_sample=getattr(obj, "tokens_per_sample", None))
 
 
 def fingerprint(model: nn.Module) -> str:
