@@ -397,7 +397,7 @@ def _tuner(plan: SweepPlan, opts: TrialOptions, writer: RowWriter, verbose: bool
     return tune.Tuner(
         tune.with_resources(trial_fn, tune.PlacementGroupFactory([preflight.TRIAL_BUNDLE])),
         param_space={"group": tune.grid_search(groups), "options": asdict(opts)},
-        tune_config=tune.TuneConfig(max_concurrent_trials=plan.spec.max_concurrent_trials, reuse_actors=False),
+        tune_config=tune.TuneConfig(max_concurrent_trials=plan.spec.max_concurrent_trials, reuse_actors=True),
         run_config=tune.RunConfig(
             name=plan.sweep_id,
             storage_path=opts.storage_path,

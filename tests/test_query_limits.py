@@ -145,3 +145,28 @@ def test_the_cli_query_gives_its_memory_cap_back(seed_store):
     before = resource.getrlimit(resource.RLIMIT_DATA)
     assert CliRunner().invoke(app, ["query", "select 1 as one", "--results", seed_store]).exit_code == 0
     assert resource.getrlimit(resource.RLIMIT_DATA) == before
+
+
+# The first rows come at once, then one every 5e8 values of a huge scan: the deadline lands mid-stream.
+TRICKLE = "select range as r from range(100000000000) where range < 30000 or range % 500000000 = 0"
+
+
+def test_the_deadline_mid_stream_is_the_time_limit_error_in_the_cli(seed_store):
+    run = subprocess.run(
+        [sys.executable, "-m", "service.cli", "query", TRICKLE, "--results", seed_store, "--timeout", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert run.stderr.strip() == "error: query exceeded the time limit of 3 s", run.stderr[-2000:]
+
+
+def test_the_deadline_mid_stream_is_a_400_and_the_server_answers_next(client, monkeypatch):
+    monkeypatch.setattr("results.query.QUERY_TIMEOUT_S", 3.0)
+    late = client.post("/query", json={"sql": TRICKLE}, headers=AUTH)
+    assert late.status_code == 400, late.text[:300]
+    assert late.json()["error"]["message"] == "query exceeded the time limit of 3 s"
+    after = client.post("/query", json={"sql": "select count(*) as n from cells"}, headers=AUTH)
+    assert after.status_code == 200 and after.json() == [{"n": 8}]
