@@ -451,6 +451,16 @@ def _check_shape(node: yaml.Node, path: str = "", depth: int = 0, seen: list | N
             _check_shape(item, f"{path}[{i}].", depth + 1, seen)
 
 
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """PyYAML's error on one line, where it was found first: `line 3, column 7: <problem> (<context>)`."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e)
+    context = getattr(e, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    text = f"{where}{problem}" + (f", {context}" if context else "")
+    return " ".join(text.split())[:200]
+
+
 def parse_spec(text: str, source: str = "spec") -> SweepSpec:
     try:
         node = yaml.compose(text, Loader=StrictLoader)
@@ -458,7 +468,7 @@ def parse_spec(text: str, source: str = "spec") -> SweepSpec:
             _check_shape(node)
         data = yaml.load(text, Loader=StrictLoader)  # noqa: S506 — a SafeLoader subclass
     except yaml.YAMLError as e:
-        raise SpecError(source, "unparseable YAML", f"valid YAML ({str(e)[:200]})") from None
+        raise SpecError(source, "unparseable YAML", f"valid YAML ({yaml_problem(e)})") from None
     except RecursionError:
         raise SpecError(source, "nested too deeply", f"at most {MAX_SPEC_DEPTH} levels") from None
     return spec_from_dict(data, source)

@@ -94,3 +94,22 @@ def test_a_gpu_specs_dry_run_on_a_laptop_prints_the_grid_then_the_verdict():
     assert out.exit_code == 2
     grid_at, verdict_at = out.output.index("78 measurements"), out.output.index("embedded Ray cannot run it")
     assert grid_at < verdict_at and "--address HEAD:6379" in out.output
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("name: a\nworkers: [1, 2\n", "line 3, column 1: expected ',' or ']'"),
+        ('name: "a\n', "line 2, column 1: found unexpected end of stream"),
+        ("name: a\n  b: c\n", "line 2, column 4: mapping values are not allowed here"),
+        ("name: a\n\tgas: 1\n", "line 2, column 1: found character '\\t'"),
+    ],
+)
+def test_a_yaml_syntax_error_is_one_line_with_its_line_and_column(tmp_path, text, where):
+    spec = tmp_path / "broken.yaml"
+    spec.write_text(text)
+    result = invoke("run", str(spec), "--dry-run")
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {spec}: got 'unparseable YAML'"), result.output
+    assert where in lines[0]
