@@ -43,13 +43,13 @@ def run(
     verbose: Annotated[bool, typer.Option("--verbose", help="show Ray's own logs")] = False,
 ) -> None:
     """Run a sweep: one Ray Tune trial (one warm TorchTrainer) per worker group, one Parquet row per measurement."""
-    from sweeps import runner
+    from sweeps import runner, session
     from sweeps.grid import cells_table
     from sweeps.spec import load_spec
     from sweeps.summary import summary_text
 
     plan = None
-    runner.raise_on_sigterm()  # kill, systemd, Kubernetes and Ray Jobs' stop: like Ctrl-C, exit 143
+    stop_on_signals(session)
     try:
         plan = runner.plan_sweep(load_spec(spec), results=results, cluster=cluster, resume=resume, sweep_id=sweep_id)
         if dry_run:
@@ -57,7 +57,6 @@ def run(
             if not address and not os.environ.get("RAY_ADDRESS"):
                 _dry_run_here(runner, plan)  # then: could this machine's embedded Ray run it?
             return
-        os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # Ctrl-C interrupts the sweep (below), not just Tune
         typer.echo(
             f"sweep {plan.sweep_id}: {len(plan.todo)} of {plan.planned} measurements to run "
             f"in {len(plan.groups())} worker group(s) -> {plan.store.uri}"
@@ -72,9 +71,16 @@ def run(
             )
     except DDPSweepError as e:
         raise fail(str(e)) from None
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (runner.Terminated, perhaps re-raised by Tune as a plain one)
-        raise interrupted(plan, spec, 143 if runner.terminated() else 130) from None
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (session.Terminated, perhaps re-raised by Tune as a plain one)
+        raise interrupted(plan, spec, 143 if session.terminated() else 130) from None
     _print_summary(outcome, summary_text)
+
+
+def stop_on_signals(session) -> None:
+    """Ctrl-C and SIGTERM (kill, systemd, Kubernetes, Ray Jobs' stop) interrupt a measuring command: the
+    command says so and exits 130 or 143. Tune's own SIGINT handler would end the run quietly instead."""
+    session.raise_on_sigterm()
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
 
 
 def _dry_run_here(runner, plan) -> None:
@@ -144,9 +150,10 @@ def calibrate(
     prints the α–β fit (rows: the `calibration` table)."""
     from results import costmodel
     from results.store import load_calibration
-    from sweeps import runner
+    from sweeps import runner, session
     from sweeps.spec import load_spec
 
+    stop_on_signals(session)
     try:
         plan = runner.plan_sweep(load_spec(spec), results=results, cluster=cluster)
         plan.calibrate_only = True
@@ -157,6 +164,9 @@ def calibrate(
         fits = costmodel.fits(load_calibration(plan.store.uri, plan.cluster, plan.sweep_id))
     except DDPSweepError as e:
         raise fail(str(e)) from None
+    except KeyboardInterrupt:
+        typer.echo("\ninterrupted: calibration stopped; groups already calibrated are kept (run it again)", err=True)
+        raise typer.Exit(143 if session.terminated() else 130) from None
     for f in fits.itertuples():
         fit = f"alpha {f.alpha_ms * 1e3:.0f} us, beta {f.beta_gbps:.2f} GB/s algbw"
         typer.echo(

@@ -1,4 +1,5 @@
-"""This machine, for an embedded sweep: other sweeps measuring on it, a `ray start` cluster, stale temp folders.
+"""This machine, for an embedded sweep: other sweeps measuring on it, a `ray start` cluster, stale temp folders,
+and what an interrupted embedded Ray leaves behind.
 
 Two sweeps on one machine measure each other's contention (one cell read 306 ms instead of 60 ms), so each
 embedded sweep holds an exclusive lock on its own file in a shared folder while it measures; a new sweep
@@ -8,8 +9,10 @@ SIGKILL: the kernel drops the lock with the process) and is removed.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -92,3 +95,40 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _session_pattern(driver_pid: int) -> re.Pattern[str]:
+    """Ray names a session folder session_<date>_<time>_<µs>_<pid of the driver that started it>."""
+    return re.compile(rf"/session_\d{{4}}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_{driver_pid}(?![0-9])")
+
+
+def session_processes(driver_pid: int | None = None) -> list:
+    """The processes of the embedded Ray this driver started (psutil), found while it still runs: those whose
+    command line names the driver's own session folder, and their descendants (the raylet's agents rename
+    themselves `ray::DashboardAgent`, so their command line no longer names it)."""
+    import psutil
+
+    pattern = _session_pattern(driver_pid or os.getpid())
+    found: dict[int, psutil.Process] = {}
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if proc.info["pid"] == os.getpid() or not pattern.search(" ".join(proc.info["cmdline"] or ())):
+            continue
+        with contextlib.suppress(psutil.Error):
+            for p in [proc, *proc.children(recursive=True)]:
+                found[p.pid] = p
+    return list(found.values())
+
+
+def end_processes(processes: list, grace_s: float = 2.0) -> list[int]:
+    """Terminate what is still running of `processes` (SIGKILL after `grace_s`); their pids."""
+    import psutil
+
+    alive = [p for p in processes if p.is_running()]
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, stubborn = psutil.wait_procs(alive, timeout=grace_s)
+    for proc in stubborn:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    return [p.pid for p in alive]

@@ -11,8 +11,6 @@ import logging
 import os
 import secrets
 import shutil
-import signal
-import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,6 +28,7 @@ from sweeps import machine, preflight
 from sweeps.grid import Cell, Group, calibration_groups, expand, plan_groups
 from sweeps.options import TrialOptions
 from sweeps.rows import build_row, now
+from sweeps.session import ray_session
 from sweeps.spec import SpecError, SweepSpec, new_sweep_id
 from sweeps.trial import row_context, trial_fn
 
@@ -206,59 +205,6 @@ def _tail(path: str, chars: int = 2000) -> str:
             return f.read()[-chars:]
     except OSError:
         return path
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, turned into an interrupt so the sweep stops as on Ctrl-C (rows kept, a resume command)."""
-
-
-_TERMINATED: list[bool] = []  # SIGTERM arrived (Ray or Tune may re-raise it as a plain KeyboardInterrupt)
-
-
-def _on_sigterm(signum, frame) -> None:
-    _TERMINATED[:] = [True]
-    raise Terminated()
-
-
-def terminated() -> bool:
-    """Whether this process got SIGTERM (so an interrupt exits 143, not 130)."""
-    return bool(_TERMINATED)
-
-
-_SIGTERM_WANTED: list[bool] = []  # the CLI asked for it: installed again after ray.init, which replaces it
-
-
-def raise_on_sigterm() -> None:
-    """Make SIGTERM raise Terminated in the main thread (Ray's driver installs its own handler, which dumps
-    a C++ trace and exits 134: this one is installed again once Ray is up)."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _on_sigterm)
-        _SIGTERM_WANTED[:] = [True]
-
-
-@contextmanager
-def ray_session(address: str | None, verbose: bool) -> Iterator[None]:
-    """Attach to `address` (or the job's cluster via RAY_ADDRESS), or start an embedded local Ray."""
-    if ray.is_initialized():
-        yield
-        return
-    quiet = {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.ERROR}
-    if address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=address, **quiet)
-    else:
-        # The dashboard serves the state API that Ray Train's placement-group cleaner needs to free
-        # the resources of a cell killed at cell_timeout_s; without it they stay reserved.
-        # address="local": always a new embedded Ray, also when `ray start --head` runs on this machine
-        # (plain ray.init() would attach to that one and refuse num_cpus). Its workers inherit this
-        # environment: the working directory joins PYTHONPATH, so a workload module beside the spec imports.
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
-        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=True, dashboard_host="127.0.0.1", **quiet)
-    if _SIGTERM_WANTED:
-        raise_on_sigterm()  # ray.init replaced it
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 def resolve_options(plan: SweepPlan, res: preflight.ClusterResources, storage_path: str) -> TrialOptions:

@@ -281,7 +281,7 @@ def test_the_embedded_ray_starts_its_own_beside_a_ray_start_cluster():
             assert machine.local_ray_cluster_running()
             # in a child process: a Ray session started in the pytest process upset later in-process sessions
             script = (
-                "import os, ray; from sweeps.runner import ray_session\n"
+                "import os, ray; from sweeps.session import ray_session\n"
                 "with ray_session(None, verbose=False): print(int(ray.cluster_resources()['CPU']))"
             )
             env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}

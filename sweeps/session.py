@@ -1,0 +1,133 @@
+"""The driver's Ray session and the signals that stop a sweep.
+
+Ctrl-C (SIGINT) and SIGTERM (kill, systemd, Kubernetes, Ray Jobs' stop) both end a sweep as an interrupt:
+rows already written stay, the CLI prints the command that resumes it (exit 130 or 143). Three rules keep
+that clean:
+- an interrupt that arrives while `ray.init` starts the embedded Ray is held until it is up (interrupted
+  half-way, the driver crashed at exit with a segfault and left Ray's agents running);
+- while Ray shuts down, further Ctrl-C are ignored (a second one printed a traceback from Ray's shutdown);
+- after the embedded Ray's shutdown, what is left of its processes is ended (sweeps.machine).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import ray
+
+from sweeps import machine
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, turned into an interrupt so the sweep stops as on Ctrl-C (rows kept, a resume command)."""
+
+
+_TERMINATED: list[bool] = []  # SIGTERM arrived (Ray or Tune may re-raise it as a plain KeyboardInterrupt)
+_SIGTERM_WANTED: list[bool] = []  # the CLI asked for it: installed again after ray.init, which replaces it
+
+
+def _on_sigterm(signum, frame) -> None:
+    _TERMINATED[:] = [True]
+    raise Terminated()
+
+
+def terminated() -> bool:
+    """Whether this process got SIGTERM (so an interrupt exits 143, not 130)."""
+    return bool(_TERMINATED)
+
+
+def raise_on_sigterm() -> None:
+    """Make SIGTERM raise Terminated in the main thread (Ray's driver installs its own handler, which dumps
+    a C++ trace and exits 134: this one is installed again once Ray is up)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        _SIGTERM_WANTED[:] = [True]
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM during the block and raise them once it has finished."""
+    if not _main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum, frame) -> None:
+        if not held:
+            print("\nstopping once Ray has started (a few seconds) ...", file=sys.stderr, flush=True)
+        held.append(signum)
+
+    before = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    if held:
+        if signal.SIGTERM in held:
+            _TERMINATED[:] = [True]
+            raise Terminated()
+        raise KeyboardInterrupt()
+
+
+@contextmanager
+def interrupts_ignored() -> Iterator[None]:
+    """Ignore Ctrl-C during the block (Ray's shutdown must not be cut half-way)."""
+    if not _main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+@contextmanager
+def ray_session(address: str | None, verbose: bool) -> Iterator[None]:
+    """Attach to `address` (or the job's cluster via RAY_ADDRESS), or start an embedded local Ray."""
+    if ray.is_initialized():
+        yield
+        return
+    quiet = {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.ERROR}
+    embedded = not (address or os.environ.get("RAY_ADDRESS"))
+    try:
+        with interrupts_held():
+            try:
+                _init(address, embedded, quiet)
+            except SystemExit as e:  # the SIGTERM handler ray.init installs first: sys.exit(15)
+                if e.code != signal.SIGTERM:
+                    raise
+                _TERMINATED[:] = [True]
+                raise Terminated() from None
+        if _SIGTERM_WANTED:
+            raise_on_sigterm()  # ray.init replaced it
+        yield
+    finally:
+        with interrupts_ignored():
+            ours = machine.session_processes() if embedded else []
+            ray.shutdown()
+            machine.end_processes(ours)  # what an interrupted start or shutdown left behind
+
+
+def _init(address: str | None, embedded: bool, quiet: dict) -> None:
+    if not embedded:
+        ray.init(address=address, **quiet)
+        return
+    # The dashboard serves the state API that Ray Train's placement-group cleaner needs to free
+    # the resources of a cell killed at cell_timeout_s; without it they stay reserved.
+    # address="local": always a new embedded Ray, also when `ray start --head` runs on this machine
+    # (plain ray.init() would attach to that one and refuse num_cpus). Its workers inherit this
+    # environment: the working directory joins PYTHONPATH, so a workload module beside the spec imports.
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=True, dashboard_host="127.0.0.1", **quiet)

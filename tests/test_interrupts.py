@@ -1,0 +1,57 @@
+"""Interrupts at the worst moments (hardening round 3): while the embedded Ray starts, twice in a row, and
+during `ddpsweep calibrate`. Each ends with one message, the right exit code, no traceback, and no process
+of the driver's Ray left running."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from sweeps import machine
+from tests.test_cli_sweep import SMOKE, ddpsweep
+
+
+def wait_for_ray(pid: int, timeout_s: float = 120) -> None:
+    """Until the driver `pid` has started its embedded Ray (a process names its session folder)."""
+    deadline = time.monotonic() + timeout_s
+    while not machine.session_processes(pid):
+        assert time.monotonic() < deadline, "the embedded Ray never started"
+        time.sleep(0.05)
+
+
+def assert_nothing_left(pid: int) -> None:
+    deadline = time.monotonic() + 3
+    while machine.session_processes(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [" ".join(p.cmdline())[:120] for p in machine.session_processes(pid)]
+    assert left == [], left
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(("signals", "code"), [([signal.SIGINT, signal.SIGINT], 130), ([signal.SIGTERM], 143)])
+def test_an_interrupt_while_ray_starts_ends_cleanly(tmp_path, signals, code):
+    proc = ddpsweep("run", str(SMOKE), "--results", str(tmp_path), "--sweep-id", "early")
+    wait_for_ray(proc.pid)
+    for sig in signals:  # Ctrl-C twice, 0.3 s apart: the second one arrives while Ray starts or shuts down
+        proc.send_signal(sig)
+        time.sleep(0.3)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err[-3000:]  # it was 139 (a segfault at exit) or 15 (Ray's own handler)
+    assert "Traceback" not in err and "SIGTERM received" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == "interrupted before the sweep started measuring; nothing was written"
+    assert_nothing_left(proc.pid)  # Ray's agents stayed for a minute or more
+
+
+@pytest.mark.ray
+def test_ctrl_c_during_calibrate_says_so_and_exits_130(tmp_path):
+    proc = ddpsweep("calibrate", str(SMOKE), "--results", str(tmp_path))
+    wait_for_ray(proc.pid)
+    time.sleep(8)  # into the worker group's start
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]  # it exited 0 and printed the rows hint as if it had finished
+    assert "interrupted: calibration stopped" in err and "Traceback" not in err
+    assert "rows: ddpsweep query" not in out
+    assert_nothing_left(proc.pid)
