@@ -4,6 +4,7 @@ ResultsError (a DDPSweepError)   400  base of every results error (a user mistak
 ├── StoreNotFound                404  the results root is missing or holds no rows
 ├── UnknownSelection             404  a cluster or sweep label that is not in the store (lists what is)
 ├── LabelError                   422  a cluster / sweep / cell label that is not a safe path segment
+├── StoreFull                    507  the results root's device is full (rows already written stay)
 └── QueryError                   400  a SQL query failed, was refused by the sandbox, or hit a limit
 
 The root, trainers.errors.DDPSweepError, is the one module of `trainers` that `results` may import:
@@ -31,6 +32,13 @@ class UnknownSelection(ResultsError):
     """A requested cluster or sweep is not in the store."""
 
     http_status = 404
+
+
+class StoreFull(ResultsError):
+    """No space is left on the device of the results root: the write was abandoned (no temporary file
+    stays), rows written before it are intact."""
+
+    http_status = 507
 
 
 class LabelError(ResultsError, ValueError):

@@ -7,6 +7,7 @@ Files are written under a hidden temporary name and renamed, so readers never se
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -22,7 +23,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from results import reader
-from results.errors import LabelError, ResultsError, StoreNotFound, UnknownSelection
+from results.errors import LabelError, ResultsError, StoreFull, StoreNotFound, UnknownSelection
 from results.reader import FileStat
 from results.schema import CALIBRATION, conform_to, row_table
 
@@ -71,12 +72,20 @@ class Store:
         return cls(fs=fs, root=path.rstrip("/"), uri=uri)
 
     def ensure_writable(self) -> None:
-        """Create the root if needed; an unreachable or read-only root is a StoreNotFound naming it (a sweep
-        checks this before it measures anything)."""
+        """Create the root if needed and write (then remove) a small probe file in it: an unreachable or
+        read-only root is a StoreNotFound, a full one a StoreFull, both naming it (a sweep checks this before
+        Ray starts; creating a folder that exists succeeds on a read-only mount, a write does not)."""
+        probe = f"{self.root}/.probe-{uuid.uuid4().hex[:8]}"
         try:
             self.fs.create_dir(self.root, recursive=True)
-            self.fs.get_file_info(self.root)
+            with self.fs.open_output_stream(probe) as out:
+                out.write(b"ddpsweep")
+            self.fs.delete_file(probe)
         except OSError as e:
+            with contextlib.suppress(OSError):
+                self.fs.delete_file(probe)
+            if is_disk_full(e):
+                raise StoreFull(f"--results {self.uri!r}: no space left on its device; free some first") from None
             raise StoreNotFound(f"--results {self.uri!r}: cannot write there ({_first_line(e)})") from None
 
     @property
@@ -106,9 +115,11 @@ class Store:
             if before_rename is not None:
                 before_rename()
             self.fs.move(tmp, f"{folder}/{name}")  # atomic rename on local and POSIX-like filesystems
-        except BaseException:
+        except BaseException as e:
             with contextlib.suppress(OSError):
                 self.fs.delete_file(tmp)
+            if is_disk_full(e):
+                raise StoreFull(f"--results {self.uri!r}: no space left on its device ({folder})") from None
             raise
         return f"{folder}/{name}"
 
@@ -258,6 +269,11 @@ def _s3(uri: str) -> tuple[pafs.FileSystem, str]:
         connect_timeout=3, request_timeout=10, retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2), **options
     )
     return fs, f"{parsed.netloc}{parsed.path}"
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """An OSError of a full device or quota, as the OS or pyarrow reports it."""
+    return isinstance(e, OSError) and (e.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(e))
 
 
 def _first_line(e: Exception) -> str:

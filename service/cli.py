@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -43,6 +44,7 @@ def run(
     verbose: Annotated[bool, typer.Option("--verbose", help="show Ray's own logs")] = False,
 ) -> None:
     """Run a sweep: one Ray Tune trial (one warm TorchTrainer) per worker group, one Parquet row per measurement."""
+    from results.errors import StoreFull
     from sweeps import runner, session
     from sweeps.grid import cells_table
     from sweeps.spec import load_spec
@@ -69,6 +71,8 @@ def run(
                 progress=progress,
                 notice=lambda message: typer.echo(f"warning: {message}", err=True),
             )
+    except StoreFull as e:
+        raise store_full(plan, spec, e) from None
     except DDPSweepError as e:
         raise fail(str(e)) from None
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (session.Terminated, perhaps re-raised by Tune as a plain one)
@@ -109,15 +113,25 @@ def progress_printer(total: int):
 
 def interrupted(plan, spec: str, code: int = 130) -> typer.Exit:
     """Ctrl-C (exit 130) or SIGTERM (exit 143): say so, print the exact command that continues the sweep."""
-    import shlex
-
     if plan is None or _no_manifest(plan):
         typer.echo("\ninterrupted before the sweep started measuring; nothing was written", err=True)
         return typer.Exit(code)
-    args = ["ddpsweep", "run", spec, "--resume", plan.sweep_id, "--results", plan.store.uri, "--cluster", plan.cluster]
     typer.echo(f"\ninterrupted: sweep {plan.sweep_id} stopped; rows already written are kept.", err=True)
-    typer.echo(f"continue it with: {shlex.join(args)}", err=True)
+    typer.echo(f"continue it with: {resume_command(plan, spec)}", err=True)
     return typer.Exit(code)
+
+
+def resume_command(plan, spec: str) -> str:
+    args = ["ddpsweep", "run", spec, "--resume", plan.sweep_id, "--results", plan.store.uri, "--cluster", plan.cluster]
+    return shlex.join(args)
+
+
+def store_full(plan, spec: str, e: Exception) -> typer.Exit:
+    """The results device is full: one line, then (if the sweep had started) how to continue it, exit 2."""
+    typer.echo(f"error: {e}; rows already written are kept", err=True)
+    if plan is not None and not _no_manifest(plan):
+        typer.echo(f"free space, then continue it with: {resume_command(plan, spec)}", err=True)
+    return typer.Exit(2)
 
 
 def _no_manifest(plan) -> bool:

@@ -21,7 +21,7 @@ import ray
 from ray import tune
 
 from results import compaction
-from results.errors import StoreNotFound
+from results.errors import StoreFull, StoreNotFound
 from results.lease import LeaseHeld, lease
 from results.store import Store, require_label
 from sweeps import machine, preflight
@@ -171,13 +171,18 @@ class RowWriter(tune.Callback):
         self.store, self.options, self.progress = store, options, progress
         self.rows: list[dict] = []
         self.calibrations = 0
+        self.full: StoreFull | None = None
         self._done: set[tuple[str, int]] = set()
 
     def _write(self, row: dict) -> None:
         key = (row["cell_id"], row["repeat"])
         if key in self._done:
             return
-        self.store.write_row(row)
+        try:
+            self.store.write_row(row)
+        except StoreFull as e:  # raised on to Tune, which ends the run; _execute raises it again, unwrapped
+            self.full = e
+            raise
         self._done.add(key)
         self.rows.append(row)
         self.progress(row)
@@ -297,7 +302,12 @@ def _execute(plan: SweepPlan, address: str | None, verbose: bool, progress: Prog
             plan.store.write_manifest(plan.cluster, plan.sweep_id, _manifest(plan, opts))
             if plan.groups():
                 writer = RowWriter(plan.store, opts, progress)
-                _tuner(plan, opts, writer, verbose).fit()
+                try:
+                    _tuner(plan, opts, writer, verbose).fit()
+                except Exception:
+                    if writer.full is not None:
+                        raise writer.full from None  # not Tune's wrapping of it (137 lines before)
+                    raise
                 outcome.rows, outcome.calibrations = writer.rows, writer.calibrations
             _compact(plan)  # under the claim: a --resume of this id cannot add rows meanwhile
     finally:

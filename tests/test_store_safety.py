@@ -15,6 +15,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from results import compaction, lease
+from results.errors import StoreFull
 from results.store import Store, valid_label
 from tests.seed_rows import seed_rows
 
@@ -188,6 +189,6 @@ def test_a_failed_write_leaves_no_temporary_file(tmp_path):
         out.write(b"x")
         raise OSError(28, "No space left on device")
 
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(StoreFull, match="no space left on its device"):
         store.write_atomic(str(tmp_path / "f"), "a.parquet", full_disk)
     assert os.listdir(tmp_path / "f") == []
