@@ -5,6 +5,7 @@ ResultsError (a DDPSweepError)   400  base of every results error (a user mistak
 ├── UnknownSelection             404  a cluster or sweep label that is not in the store (lists what is)
 ├── LabelError                   422  a cluster / sweep / cell label that is not a safe path segment
 ├── StoreFull                    507  the results root's device is full (rows already written stay)
+├── TooLarge                     413  more rows than a page analyses or a server holds (says how to narrow)
 └── QueryError                   400  a SQL query failed, was refused by the sandbox, or hit a limit
 
 The root, trainers.errors.DDPSweepError, is the one module of `trainers` that `results` may import:
@@ -39,6 +40,13 @@ class StoreFull(ResultsError):
     stays), rows written before it are intact."""
 
     http_status = 507
+
+
+class TooLarge(ResultsError):
+    """A selection with more rows than a page or report analyses, or a store with more than a server holds
+    in memory; the message says how to narrow it (SQL aggregates without this limit)."""
+
+    http_status = 413
 
 
 class LabelError(ResultsError, ValueError):

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from results.errors import TooLarge
 from results.schema import SCHEMA, conform_to
 
 log = logging.getLogger(__name__)
@@ -261,8 +262,8 @@ class RowCache:
     runs in one thread never blocks readers in others, and refreshes do not pile up.
     """
 
-    def __init__(self, fs: pafs.FileSystem) -> None:
-        self.fs = fs
+    def __init__(self, fs: pafs.FileSystem, max_rows: int | None = None) -> None:
+        self.fs, self.max_rows = fs, max_rows
         self._files: dict[str, tuple[FileStat, Span | None]] = {}
         self._snapshot: pa.Table = SCHEMA.empty_table()
         self._refreshing = threading.Lock()
@@ -282,6 +283,7 @@ class RowCache:
             changed = [f.path for f in listing if f.path not in self._files or self._files[f.path][0] != f]
             removed = set(self._files) - set(current)
             if changed or removed:
+                self._check_budget([current[p] for p in changed], removed)
                 fresh = read_files(self.fs, changed)
                 files = {p: v for p, v in self._files.items() if p not in removed}
                 files.update({p: (current[p], fresh[p]) for p in changed})
@@ -291,3 +293,32 @@ class RowCache:
             return self._snapshot
         finally:
             self._refreshing.release()
+
+    def _check_budget(self, incoming: list[FileStat], removed: set[str]) -> None:
+        """TooLarge, before anything is read, when the rows kept plus those of `incoming` would pass
+        max_rows (a row file holds one row; a larger file's count comes from its Parquet footer)."""
+        if self.max_rows is None:
+            return
+        kept = sum(span.num_rows for path, (_, span) in self._files.items() if span and path not in removed)
+        total = kept + sum(rows_in(self.fs, f) for f in incoming)
+        if total > self.max_rows:
+            raise TooLarge(
+                f"the store holds about {total} rows, more than this server keeps in memory (--max-rows "
+                f"{self.max_rows}, about 0.5 KB a row): serve a smaller root (e.g. one cluster's folder) or "
+                "raise --max-rows"
+            )
+
+
+ROW_FILE_MAX_BYTES = 64 * 1024  # a one-row file is about 25 KB; anything larger is a compacted file or pack
+
+
+def rows_in(fs: pafs.FileSystem, stat: FileStat) -> int:
+    """Rows in a Parquet file: 1 for a small row file, the footer's count for a compacted file, a pack or
+    any larger file (0 if unreadable)."""
+    if stat.size <= ROW_FILE_MAX_BYTES and not stat.path.endswith("/compacted.parquet"):
+        return 1
+    try:
+        with fs.open_input_file(stat.path) as f:
+            return pq.ParquetFile(f).metadata.num_rows
+    except (OSError, pa.ArrowException):
+        return 0

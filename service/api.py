@@ -26,7 +26,7 @@ from results import compare as compare_mod
 from results import isolation
 from results import query as query_mod
 from results import recommend as recommend_mod
-from results.cache import CachedStore
+from results.cache import ANALYSIS_MAX_ROWS, DOWNLOAD_MAX_ROWS, STORE_MAX_ROWS, CachedStore
 from results.errors import StoreNotFound
 from results.report import render_html
 from results.store import require_label
@@ -47,6 +47,7 @@ class ServiceSettings:
     public_reads: bool = True  # reads without a token; `serve` sets False when it binds beyond loopback
     allowed_hosts: tuple[str, ...] | None = None  # Host header values accepted (None: any; `serve` sets them)
     allow_workload: tuple[str, ...] = ()  # module prefixes a submitted spec's `workload` may come from
+    max_rows: int = STORE_MAX_ROWS  # rows the server keeps in memory; more is a 413 naming --max-rows
 
 
 class ApiError(DDPSweepError):
@@ -183,7 +184,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     # bound beyond it, every endpoint but the API docs asks for the token.
     read_auth = [] if settings.public_reads else [auth]
     add_sweep_routes(app, settings, auth, read_auth)
-    cache = CachedStore(settings.results)
+    cache = CachedStore(settings.results, max_rows=settings.max_rows)
     add_result_routes(app, settings, cache, auth, read_auth)
     add_dashboard_routes(app, settings, cache, read_auth)
     return app
@@ -245,7 +246,7 @@ def add_result_routes(app: FastAPI, settings: ServiceSettings, cache: CachedStor
         status: Literal["ok", "error"] | None = None,
         format: Literal["json", "csv", "parquet"] = "json",
     ) -> Response:
-        rows = cache.rows(_label("cluster", cluster), _label("sweep", sweep))
+        rows = cache.rows(_label("cluster", cluster), _label("sweep", sweep), limit=DOWNLOAD_MAX_ROWS)
         for col, value in {
             "model": model,
             "world_size": world_size,
@@ -273,22 +274,29 @@ def add_result_routes(app: FastAPI, settings: ServiceSettings, cache: CachedStor
     def compare(cluster: Annotated[list[str], Query()], sweep: Annotated[list[str] | None, Query()] = None) -> Response:
         if len(cluster) != 2 or cluster[0] == cluster[1]:
             raise ApiError(422, "ValidationError", "give exactly two different: ?cluster=A&cluster=B", "cluster")
-        rows = pd.concat([cache.rows(_label("cluster", c)) for c in cluster], ignore_index=True)
+        sides = [cache.rows(_label("cluster", c), limit=ANALYSIS_MAX_ROWS) for c in cluster]
+        rows = pd.concat(sides, ignore_index=True)
         if sweep:
             rows = rows[rows["sweep_id"].isin(sweep)]
         return _frame_response(compare_mod.compare(rows, cluster[0], cluster[1]), "json")
 
     @app.get("/recommend", dependencies=read_auth, summary="Best DDP configuration per curve, with code to paste")
     def recommend(cluster: str | None = None, sweep: str | None = None) -> Response:
-        rows = cache.rows(_label("cluster", cluster), _label("sweep", sweep))
-        return Response(recommend_mod.to_json(recommend_mod.recommend(rows)), media_type="application/json")
+        def answer() -> str:
+            rows = cache.rows(_label("cluster", cluster), _label("sweep", sweep), limit=ANALYSIS_MAX_ROWS)
+            return recommend_mod.to_json(recommend_mod.recommend(rows))
+
+        return Response(cache.memo(("recommend", cluster, sweep), answer), media_type="application/json")
 
     @app.get("/report", response_class=HTMLResponse, dependencies=read_auth, summary="The self-contained HTML report")
     def report(cluster: str | None = None, sweep: str | None = None) -> str:
-        rows = cache.rows(_label("cluster", cluster), _label("sweep", sweep))
-        calibration = cache.calibration(cluster, sweep)
-        title = f"ddpsweep report: {cluster or 'all clusters'}{' / ' + sweep if sweep else ''}"
-        return render_html(rows, title, calibration=calibration)
+        def render() -> str:
+            rows = cache.rows(_label("cluster", cluster), _label("sweep", sweep), limit=ANALYSIS_MAX_ROWS)
+            calibration = cache.calibration(cluster, sweep)
+            title = f"ddpsweep report: {cluster or 'all clusters'}{' / ' + sweep if sweep else ''}"
+            return render_html(rows, title, calibration=calibration)
+
+        return cache.memo(("report", cluster, sweep), render)  # once per version of the store
 
 
 def add_dashboard_routes(app: FastAPI, settings: ServiceSettings, cache: CachedStore, read_auth: list) -> None:
@@ -309,7 +317,8 @@ def add_dashboard_routes(app: FastAPI, settings: ServiceSettings, cache: CachedS
         summary="Dashboard: one sweep",
     )
     def sweep_page(cluster: str, sweep: str) -> str:
-        return dashboard.sweep_page(cache, _label("cluster", cluster), _label("sweep", sweep))
+        key = ("sweep_page", _label("cluster", cluster), _label("sweep", sweep))
+        return cache.memo(key, lambda: dashboard.sweep_page(cache, key[1], key[2]))
 
     @app.get(
         "/ui/compare",

@@ -516,6 +516,9 @@ def serve(
         list[str],
         typer.Option("--allow-workload", help="module prefix whose workloads POST /sweeps may name (e.g. acme.models)"),
     ] = [],  # noqa: B006 — typer's list default
+    max_rows: Annotated[
+        int, typer.Option("--max-rows", min=1, help="rows kept in memory (about 0.5 KB each); more is a 413")
+    ] = 5_000_000,
 ) -> None:
     """The HTTP API (OpenAPI at /openapi.json, docs at /docs). On loopback only requests for 127.0.0.1,
     localhost or ::1 (and --allow-host names) are served: a DNS-rebinding page cannot read the token-free
@@ -545,6 +548,7 @@ def serve(
         public_reads=loopback,
         allowed_hosts=hosts,
         allow_workload=tuple(allow_workload),
+        max_rows=max_rows,
     )
     uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
 

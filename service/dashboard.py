@@ -15,10 +15,12 @@ import math
 import jinja2
 import markupsafe
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from results import analysis, recommend, scaling
 from results import compare as compare_mod
-from results.cache import CachedStore
+from results.cache import ANALYSIS_MAX_ROWS, CachedStore
 from service import jobs
 from service.svg import Point, Series, line_chart
 from sweeps import machine
@@ -48,25 +50,25 @@ def page(title: str, body: str, script: str = "") -> str:
 
 def sweeps(cache: CachedStore, address: str | None) -> list[dict]:
     """One dict per sweep: cluster, sweep_id, spec_name, started, state, written, planned, errors."""
-    rows = cache.table().select(["cluster", "sweep_id", "spec_name", "status", "started_at"]).to_pandas()
     running_here = machine.sweeps_measuring()
     remote = _jobs_by_sweep(address)
     out = []
-    for (cluster, sweep), g in rows.groupby(["cluster", "sweep_id"], sort=False):
+    for g in sweep_counts(cache.table()):
+        cluster, sweep = g["cluster"], g["sweep_id"]
         manifest = cache.manifest(cluster, sweep)
         job = remote.get(sweep)
         state = job.state if job else ("RUNNING (this machine)" if sweep in running_here else "")
-        written, planned = len(g), int(manifest.get("planned", 0)) if manifest else 0
+        written, planned = g["status_count"], int(manifest.get("planned", 0)) if manifest else 0
         out.append(
             {
                 "cluster": cluster,
                 "sweep_id": sweep,
-                "spec_name": str(g["spec_name"].iloc[0]),
-                "started": str(g["started_at"].min())[:19],
+                "spec_name": str(g["spec_name_first"]),
+                "started": str(g["started_at_min"])[:19],
                 "state": state or ("done" if written >= planned else "partial"),
                 "written": written,
                 "planned": planned,
-                "errors": int((g["status"] == "error").sum()),
+                "errors": g["is_error_sum"],
             }
         )
     known = {s["sweep_id"] for s in out}
@@ -85,6 +87,15 @@ def sweeps(cache: CachedStore, address: str | None) -> list[dict]:
         if j.sweep_id not in known
     ]
     return sorted(out, key=lambda s: s["started"], reverse=True)
+
+
+def sweep_counts(table: pa.Table) -> list[dict]:
+    """Per (cluster, sweep_id): the first spec_name, the earliest start, the rows and the error rows,
+    aggregated in Arrow (a store of millions of rows never becomes a DataFrame here)."""
+    t = table.select(["cluster", "sweep_id", "spec_name", "status", "started_at"])
+    t = t.append_column("is_error", pc.cast(pc.equal(t["status"], "error"), pa.int64()))
+    aggregates = [("spec_name", "first"), ("started_at", "min"), ("status", "count"), ("is_error", "sum")]
+    return t.group_by(["cluster", "sweep_id"], use_threads=False).aggregate(aggregates).to_pylist()
 
 
 def _jobs_by_sweep(address: str | None) -> dict:
@@ -216,7 +227,7 @@ def _cell(v) -> str:
 
 
 def sweep_page(cache: CachedStore, cluster: str, sweep: str) -> str:
-    rows = cache.rows(cluster, sweep)
+    rows = cache.rows(cluster, sweep, limit=ANALYSIS_MAX_ROWS)
     cells = analysis.with_baseline(rows)
     charts = [
         line_chart(
@@ -306,10 +317,17 @@ def sweep_page(cache: CachedStore, cluster: str, sweep: str) -> str:
     return page(f"sweep {sweep} on {cluster}", "".join(parts))
 
 
+def _compared(cache: CachedStore, by: str, label: str) -> pd.DataFrame:
+    """One side of a comparison: a cluster's rows, or a sweep's with the sweep id as its `cluster`."""
+    if by == "cluster":
+        return cache.rows(label, limit=ANALYSIS_MAX_ROWS)
+    return cache.rows(sweep=label, limit=ANALYSIS_MAX_ROWS).assign(cluster=label)
+
+
 def compare_page(cache: CachedStore, a: str | None, b: str | None, by: str = "cluster") -> str:
     """Two clusters (by=cluster) or two sweeps (by=sweep) side by side: curves overlaid, then the table."""
     column = "cluster" if by == "cluster" else "sweep_id"
-    labels = sorted(set(cache.table()[column].to_pylist()))
+    labels = sorted(pc.unique(cache.table()[column]).to_pylist())
 
     def options(chosen: str | None) -> str:
         return "".join(f"<option{' selected' if c == chosen else ''}>{html.escape(c)}</option>" for c in labels)
@@ -322,11 +340,7 @@ def compare_page(cache: CachedStore, a: str | None, b: str | None, by: str = "cl
     )
     if not a or not b:
         return page(f"compare two {by}s", form)
-    picked = [
-        cache.rows(a) if by == "cluster" else cache.rows(sweep=a).assign(cluster=a),
-        cache.rows(b) if by == "cluster" else cache.rows(sweep=b).assign(cluster=b),
-    ]
-    rows = pd.concat(picked, ignore_index=True)
+    rows = pd.concat([_compared(cache, by, a), _compared(cache, by, b)], ignore_index=True)
     cells = analysis.with_baseline(rows)
     series = [s for c in (a, b) for s in curve_series(cells[cells["cluster"] == c], "step_ms", f"{c}: ")]
     chart = line_chart(

@@ -113,3 +113,58 @@ def test_a_yaml_syntax_error_is_one_line_with_its_line_and_column(tmp_path, text
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {spec}: got 'unparseable YAML'"), result.output
     assert where in lines[0]
+
+
+def big_sweep(root, rows: int) -> str:
+    """One compacted sweep of `rows` rows (the seed rows, repeated) written straight as Parquet."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from results.schema import row_table
+
+    base = pa.concat_tables([row_table(r) for r in seed_rows()])
+    table = pa.concat_tables([base] * (rows // base.num_rows + 1)).slice(0, rows).combine_chunks()
+    for name, value in (("cluster", "big"), ("sweep_id", "huge")):
+        table = table.set_column(table.schema.get_field_index(name), name, pa.array([value] * rows))
+    table = table.set_column(table.schema.get_field_index("repeat"), "repeat", pa.array(range(rows), pa.int64()))
+    status = pa.array(["error" if i % 4 == 0 else "ok" for i in range(rows)])
+    table = table.set_column(table.schema.get_field_index("status"), "status", status)
+    folder = root / "cluster=big" / "sweep=huge"
+    folder.mkdir(parents=True)
+    pq.write_table(table, folder / "compacted.parquet")
+    return str(root)
+
+
+def test_a_sweep_too_big_for_a_page_is_a_413_and_the_index_counts_it(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from service.api import ServiceSettings, create_app
+
+    client = TestClient(create_app(ServiceSettings(address=None, results=big_sweep(tmp_path, 30_000), token="t")))
+    index = client.get("/ui/sweeps.json")
+    assert index.status_code == 200
+    assert [(s["sweep_id"], s["written"], s["errors"]) for s in index.json()] == [("huge", 30_000, 7_500)]
+    for path in ("/ui/sweep/big/huge", "/report?sweep=huge", "/recommend?cluster=big"):
+        page = client.get(path)
+        assert page.status_code == 413, (path, page.text[:300])
+        message = page.json()["error"]["message"]
+        assert "holds 30000 rows, more than a page analyses (20000" in message and "ddpsweep query" in message
+    counted = client.post("/query", json={"sql": "select count(*) n from cells"}, headers={"Authorization": "Bearer t"})
+    assert counted.json() == [{"n": 30_000}]  # SQL aggregates it
+
+
+def test_a_store_over_the_servers_row_budget_is_refused_before_it_is_read(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from results.cache import CachedStore
+    from results.errors import TooLarge
+    from service.api import ServiceSettings, create_app
+
+    root = big_sweep(tmp_path, 3_000)
+    cache = CachedStore(root, max_rows=2_000)
+    with pytest.raises(TooLarge, match="about 3000 rows, more than this server keeps in memory"):
+        cache.table()
+    assert cache._rows.snapshot.num_rows == 0  # nothing was read
+    client = TestClient(create_app(ServiceSettings(address=None, results=root, token="t", max_rows=2_000)))
+    refused = client.get("/cells")
+    assert refused.status_code == 413 and "--max-rows 2000" in refused.json()["error"]["message"]

@@ -41,9 +41,27 @@ def smoke_with(field: str, line: str) -> str:
 
 def test_concurrent_reports_all_render(seed_store, live_server):
     base = live_server(create_app(ServiceSettings(address=None, results=seed_store, token="t")))
+    paths = ["/report", "/report?cluster=pcie-8x", "/report?sweep=seed", "/report?cluster=pcie-8x&sweep=seed"]
     with httpx.Client(base_url=base, timeout=120) as client, ThreadPoolExecutor(8) as pool:
-        statuses = list(pool.map(lambda _: client.get("/report").status_code, range(24)))
-    assert statuses == [200] * 24  # pyplot's global state gave 500s here
+        pages = list(pool.map(lambda i: client.get(paths[i % 4]), range(16)))  # four renders at once
+    assert [p.status_code for p in pages] == [200] * 16  # pyplot's global state gave 500s here
+    for i in range(4):  # one render per report and version of the store, the same page to every request
+        assert len({p.text for p in pages[i::4]}) == 1
+
+
+def test_a_report_renders_once_per_version_of_the_store(seed_store):
+    from tests.seed_rows import seed_rows
+
+    client = TestClient(create_app(ServiceSettings(address=None, results=seed_store, token="t")))
+    first = client.get("/report")
+    started = time.perf_counter()
+    again = client.get("/report")
+    assert again.text == first.text and time.perf_counter() - started < 0.5  # from the memo
+    row = seed_rows()[0] | {"sweep_id": "later", "cell_id": "c-later"}
+    Store.open(seed_store).write_row(row)  # new rows: a new version
+    time.sleep(1.1)  # the cache lists the store at most once a second
+    after = client.get("/report")
+    assert "8 rows (0 errors)" in first.text and "9 rows (0 errors)" in after.text
 
 
 def _raw_get(sock: socket.socket, path: str) -> tuple[int, bytes]:
