@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from results.schema import OLDER_ROWS
 from results.uncertainty import cell_replicates, interval
 
 # A measured configuration; repeats of it are aggregated (median) before any comparison.
@@ -33,9 +34,19 @@ CONFIG_KEYS = [
     "gradient_as_bucket_view",
     "backend",
     "device_type",
+    *(DDP_KNOBS := ["comm_hook", "powersgd_rank", "first_bucket_mb", "static_graph", "broadcast_buffers", "env_grid"]),
 ]
 BASELINE_KEYS = ["cluster", "sweep_id", "model", "micro_batch", "seq_len"]
-CURVE_KEYS = BASELINE_KEYS + ["mode", "world_size", "num_nodes", "gas", "no_sync", "gradient_as_bucket_view"]
+# One U-curve: everything but the bucket fixed (a hook, first bucket or environment is a curve of its own).
+CURVE_KEYS = BASELINE_KEYS + [
+    "mode",
+    "world_size",
+    "num_nodes",
+    "gas",
+    "no_sync",
+    "gradient_as_bucket_view",
+    *DDP_KNOBS,
+]
 
 
 DRIFT_MIN = 0.05  # a control must move at least 5% (and beyond twice its own noise) to flag its round
@@ -71,7 +82,13 @@ def noisy_rows(rows: pd.DataFrame) -> pd.Series:
 def usable(rows: pd.DataFrame) -> pd.DataFrame:
     """The rows decisions are made from: ok, replicas in sync, and not in a round whose control drifted."""
     keep = (rows["status"] == "ok") & (rows["replicas_in_sync"] != False) & ~drifted_rounds(rows)  # noqa: E712
-    return rows[keep]
+    return with_knobs(rows[keep])
+
+
+def with_knobs(rows: pd.DataFrame) -> pd.DataFrame:
+    """`rows` with every DDP knob column (frames built before a knob existed get the value it had)."""
+    missing = {k: OLDER_ROWS.get(k) for k in DDP_KNOBS if k not in rows}
+    return rows.assign(**missing) if missing else rows
 
 
 def ok_cells(rows: pd.DataFrame) -> pd.DataFrame:

@@ -20,6 +20,8 @@ from results import analysis
 from results.uncertainty import interval
 
 DEFAULTS = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": False, "no_sync": False}  # PyTorch's DDP defaults
+# The other knobs at PyTorch's defaults (what a default cell must also have)
+DEFAULT_KNOBS = {"comm_hook": "none", "static_graph": False, "broadcast_buffers": True, "env_grid": "{}"}
 CURVE = ["cluster", "sweep_id", "model", "micro_batch", "seq_len", "world_size", "num_nodes", "gas", "backend"]
 KNOBS = ["bucket_cap_mb", "gradient_as_bucket_view", "no_sync"]
 
@@ -39,7 +41,7 @@ def recommend(rows: pd.DataFrame) -> list[dict]:
 def _curve(curve: dict, grp: pd.DataFrame, env: dict[str, str]) -> dict:
     grp = grp.reset_index(drop=True)
     best = grp.loc[grp["step_ms"].idxmin()]
-    default, default_note = _default_cell(grp)
+    default, default_note = _default_cell(_at_default_knobs(grp))
     out = {k: _plain(v) for k, v in curve.items()} | {
         "topology": f"{int(curve['num_nodes'])}x{int(curve['world_size']) // int(curve['num_nodes'])}",
         "cells": len(grp),
@@ -51,8 +53,39 @@ def _curve(curve: dict, grp: pd.DataFrame, env: dict[str, str]) -> dict:
     }
     out |= _gain(best, default)
     out["verdict"], out["recommended"] = _verdict(out, best, default)
-    out["snippet"] = snippet(out["recommended"], int(curve["gas"]), env)
+    out["verdict"], out["recommended"] = _exact_unless_separated(out, grp, best)
+    out["changes_numerics"] = out["recommended"]["comm_hook"] != "none"
+    out["snippet"] = snippet(out["recommended"], int(curve["gas"]), env | json.loads(out["recommended"]["env_grid"]))
     return out
+
+
+def _at_default_knobs(grp: pd.DataFrame) -> pd.DataFrame:
+    """The cells whose hook, graph, buffers, first bucket and environment are PyTorch's defaults."""
+    keep = grp["first_bucket_mb"].isna()
+    for k, v in DEFAULT_KNOBS.items():
+        keep &= grp[k] == v
+    return grp[keep]
+
+
+def _exact_unless_separated(out: dict, grp: pd.DataFrame, best: pd.Series) -> tuple[str, dict]:
+    """A compressing hook changes the numerics: it is recommended only when its interval is clear of the best
+    exact configuration's; otherwise the exact one is, and the verdict says why."""
+    chosen = out["recommended"]
+    if chosen["comm_hook"] == "none":
+        return out["verdict"], chosen
+    exact = grp[grp["comm_hook"] == "none"]
+    lossy = f"{_describe(chosen)} compresses gradients ({_compression(chosen)}) and changes the numerics"
+    if exact.empty:
+        return f"{out['verdict']}; note: {lossy} (the sweep measured no exact configuration)", chosen
+    best_exact = exact.loc[exact["step_ms"].idxmin()]
+    if _overlaps(best_exact, best):
+        why = f"the best measured, {lossy}, and cannot be told apart from the best exact one"
+        return f"use {_describe(_config(best_exact))}: {why}", _config(best_exact)
+    return f"{out['verdict']}; note: {lossy}: check convergence before adopting it", chosen
+
+
+def _compression(cfg: dict) -> str:
+    return f"powersgd rank {cfg['powersgd_rank']}" if cfg["comm_hook"] == "powersgd" else cfg["comm_hook"]
 
 
 def _default_cell(grp: pd.DataFrame) -> tuple[pd.Series | None, str]:
@@ -114,7 +147,11 @@ def snippet(cfg: dict, gas: int, env: dict[str, str]) -> str:
     if lines:
         lines.append("")
     kwargs = f"bucket_cap_mb={cfg['bucket_cap_mb']:g}, gradient_as_bucket_view={bool(cfg['gradient_as_bucket_view'])}"
+    kwargs += "".join(f", {k}={cfg[k]}" for k in ("static_graph", "broadcast_buffers") if cfg[k] != DEFAULT_KNOBS[k])
+    if cfg["first_bucket_mb"] is not None:  # PyTorch 2.13: per-bucket caps, the first one smaller
+        kwargs += f", bucket_cap_mb_list=[{cfg['first_bucket_mb']:g}, {cfg['bucket_cap_mb']:g}]"
     lines.append(f"model = DistributedDataParallel(model, device_ids=[local_rank], {kwargs})")
+    lines += _hook_lines(cfg)
     if cfg["no_sync"] and gas > 1:
         lines += [
             f"# {gas} micro-steps per optimizer step: all-reduce only on the last (DDP's no_sync())",
@@ -125,6 +162,26 @@ def snippet(cfg: dict, gas: int, env: dict[str, str]) -> str:
             "optimizer.step()",
         ]
     return "\n".join(lines)
+
+
+def _hook_lines(cfg: dict) -> list[str]:
+    """Registering the recommended communication hook (none: nothing to add)."""
+    hooks = "torch.distributed.algorithms.ddp_comm_hooks"
+    if cfg["comm_hook"] in ("fp16", "bf16"):
+        name = f"{cfg['comm_hook']}_compress_hook"
+        return [
+            f"# changes the numerics: gradients all-reduced in {cfg['comm_hook']}",
+            f"model.register_comm_hook(None, {hooks}.default_hooks.{name})",
+        ]
+    if cfg["comm_hook"] == "powersgd":
+        return [
+            f"# changes the numerics: rank-{cfg['powersgd_rank']} PowerSGD with error feedback",
+            f"from {hooks} import powerSGD_hook as powerSGD",
+            f"state = powerSGD.PowerSGDState(process_group=None, matrix_approximation_rank={cfg['powersgd_rank']}, "
+            "start_powerSGD_iter=1000)  # PyTorch's advice: a plain warm-up first",
+            "model.register_comm_hook(state, powerSGD.powerSGD_hook)",
+        ]
+    return []
 
 
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_")
@@ -151,10 +208,17 @@ def _overlaps(r: pd.Series, best: pd.Series) -> bool:
 
 
 def _config(r: pd.Series) -> dict:
+    first = r.get("first_bucket_mb")
     return {
         "bucket_cap_mb": float(r["bucket_cap_mb"]),
         "gradient_as_bucket_view": bool(r["gradient_as_bucket_view"]),
         "no_sync": bool(r["no_sync"]),
+        "comm_hook": str(r.get("comm_hook", "none")),
+        "powersgd_rank": int(r.get("powersgd_rank", 1)),
+        "first_bucket_mb": None if first is None or pd.isna(first) else float(first),
+        "static_graph": bool(r.get("static_graph", False)),
+        "broadcast_buffers": bool(r.get("broadcast_buffers", True)),
+        "env_grid": str(r.get("env_grid", "{}")),
     }
 
 
@@ -181,7 +245,15 @@ def _timing(r: pd.Series) -> dict:
 
 def _describe(cfg: dict) -> str:
     sync = ", no_sync() on all but the last micro-step" if cfg["no_sync"] else ""
-    return f"bucket_cap_mb={cfg['bucket_cap_mb']:g}, gradient_as_bucket_view={cfg['gradient_as_bucket_view']}{sync}"
+    text = f"bucket_cap_mb={cfg['bucket_cap_mb']:g}, gradient_as_bucket_view={cfg['gradient_as_bucket_view']}"
+    extra = [f"{k}={cfg[k]}" for k in ("static_graph", "broadcast_buffers") if cfg[k] != DEFAULT_KNOBS[k]]
+    if cfg["first_bucket_mb"] is not None:
+        extra.append(f"first bucket {cfg['first_bucket_mb']:g} MB")
+    if cfg["comm_hook"] != "none":
+        extra.append(f"comm hook {_compression(cfg)}")
+    if cfg["env_grid"] != "{}":
+        extra.append(" ".join(f"{k}={v}" for k, v in json.loads(cfg["env_grid"]).items()))
+    return text + "".join(f", {e}" for e in extra) + sync
 
 
 def _pct(x: float | None) -> str:

@@ -40,6 +40,12 @@ CONFIGURATION = [
     pa.field("max_cell_s", pa.float64()),
     pa.field("trace_comm", pa.bool_()),  # per-bucket communication timeline recorded (ddp only)
     pa.field("seed", pa.int64()),
+    pa.field("comm_hook", pa.string()),  # none | fp16 | bf16 | powersgd (null: rows from before hooks = none)
+    pa.field("powersgd_rank", pa.int32()),  # powersgd's matrix_approximation_rank (1 otherwise)
+    pa.field("powersgd_start_iter", pa.int32()),  # synchronized steps before compression starts
+    pa.field("first_bucket_mb", pa.float64()),  # DDP's first bucket cap; null: PyTorch's default
+    pa.field("static_graph", pa.bool_()),
+    pa.field("broadcast_buffers", pa.bool_()),
 ]
 
 # Where and how the cell ran: its placement, and how the sweep scheduled it.
@@ -52,6 +58,8 @@ PLACEMENT = [
     pa.field("placement", pa.string()),  # the Ray placement strategy used
     pa.field("rank_nodes", pa.list_(pa.string())),  # the Ray node IP of every rank, in rank order
     pa.field("workers_per_node_observed", pa.int32()),  # the most ranks any node held (= workers_per_node if right)
+    pa.field("env_grid", pa.string()),  # JSON: the cell's env_grid values (its worker group's variables); {}: none
+    pa.field("grad_compression", pa.string()),  # none | fp16 | bf16 | powersgd-rank-N: lossy unless none
     pa.field("isolation", pa.string()),  # group | cell
     pa.field("group_id", pa.string()),
     pa.field("round", pa.int32()),  # = repeat; every pending cell of the group once per round
@@ -89,6 +97,8 @@ MEASUREMENT = [
     pa.field("comm_exposed_ms", pa.float64()),  # trace_comm: communication left after backward compute ended
     pa.field("comm_overlap_frac", pa.float64()),  # trace_comm: 1 - exposed / comm
     pa.field("comm_timeline_ms", pa.list_(pa.list_(pa.float64()))),  # [bucket, launch, done] of the median step
+    pa.field("comm_bytes_per_step", pa.int64()),  # trace_comm: bytes all-reduced per step by rank 0 (median)
+    pa.field("comm_collectives_per_step", pa.int32()),  # trace_comm: all-reduce calls per step (median)
     pa.field("replicas_in_sync", pa.bool_()),
     pa.field("trial_wall_s", pa.float64()),  # this measurement on its worker group: setup to row, no group start
 ]
@@ -114,8 +124,22 @@ COLUMNS = SCHEMA.names
 STATUSES = ("ok", "error")
 
 
+# Columns added after rows were first stored, with the value every older row had: filled in on read, so
+# an old row and a new one of the same configuration compare and group as one.
+OLDER_ROWS = {
+    "comm_hook": "none",
+    "powersgd_rank": 1,
+    "powersgd_start_iter": 2,
+    "static_graph": False,
+    "broadcast_buffers": True,
+    "env_grid": "{}",
+    "grad_compression": "none",
+}
+
+
 def conform(table: pa.Table) -> pa.Table:
-    """Cast a table read from any version of the store to SCHEMA: missing columns become null."""
+    """Cast a table read from any version of the store to SCHEMA: missing columns become null, or the value
+    older rows had (OLDER_ROWS)."""
     return conform_to(table, SCHEMA)
 
 
@@ -139,7 +163,9 @@ def row_table(row: dict) -> pa.Table:
     why = impossible(row)
     if why:
         raise ValueError(f"refusing to write row {row.get('cell_id')}-r{row.get('repeat')}: {why}")
-    return pa.Table.from_pylist([{name: row.get(name) for name in COLUMNS}], schema=SCHEMA)
+    values = {name: row.get(name) for name in COLUMNS}
+    values |= {name: value for name, value in OLDER_ROWS.items() if values[name] is None}
+    return pa.Table.from_pylist([values], schema=SCHEMA)
 
 
 # The calibration table: all-reduce time by message size on a group's own ranks (and the parameter
@@ -168,8 +194,14 @@ CALIBRATION = pa.schema(
 
 
 def conform_to(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """Cast a table to `schema`: missing columns become null."""
+    """Cast a table to `schema`: missing columns become null (or, for rows, what older rows had: OLDER_ROWS)."""
     columns = [
-        table[f.name].cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type) for f in schema
+        table[f.name].cast(f.type) if f.name in table.column_names else _missing(f, table.num_rows) for f in schema
     ]
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _missing(f: pa.Field, rows: int) -> pa.Array:
+    if f.name in OLDER_ROWS:
+        return pa.array([OLDER_ROWS[f.name]] * rows, f.type)
+    return pa.nulls(rows, f.type)

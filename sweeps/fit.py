@@ -24,6 +24,7 @@ def build_trainer(group: Group, opts: TrialOptions, outbox: Queue) -> TorchTrain
     cell = group.first
     resources = {"CPU": opts.cpus_per_worker} | ({"GPU": 1} if opts.use_gpu else {})
     threads = max(1, int(opts.cpus_per_worker))
+    env = dict(opts.env) | cell.env_vars  # the spec's env, then this group's env_grid combination
     return TorchTrainer(
         train_fn_per_worker,
         train_loop_config={"group": group.to_dict(), "threads": threads, "outbox": outbox},
@@ -38,7 +39,7 @@ def build_trainer(group: Group, opts: TrialOptions, outbox: Queue) -> TorchTrain
             name=f"{opts.sweep_id}-{group.group_id}",
             storage_path=opts.storage_path,
             failure_config=FailureConfig(max_failures=0, controller_failure_limit=0),
-            worker_runtime_env={"env_vars": dict(opts.env)} if opts.env else None,
+            worker_runtime_env={"env_vars": env} if env else None,
         ),
     )
 

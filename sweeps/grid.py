@@ -18,7 +18,21 @@ from trainers.config import StepConfig, canonical_args
 from trainers.errors import ConfigError
 
 # StepConfig fields newer than the first cell ids: hashed only when they differ from their defaults
-ADDED_LATER = ("seed", "target_rel_ci", "max_timed_steps", "max_cell_s", "trace_comm", "workload", "workload_args")
+ADDED_LATER = (
+    "seed",
+    "target_rel_ci",
+    "max_timed_steps",
+    "max_cell_s",
+    "trace_comm",
+    "workload",
+    "workload_args",
+    "comm_hook",
+    "powersgd_rank",
+    "powersgd_start_iter",
+    "first_bucket_mb",
+    "static_graph",
+    "broadcast_buffers",
+)
 
 
 def _digest(data: object, n: int = 12) -> str:
@@ -37,6 +51,13 @@ class Cell:
     """Nodes the ranks are spread over, evenly."""
     backend: str
     """As the spec asks: auto | nccl | gloo."""
+    env: str = "{}"
+    """The cell's `env_grid` values as canonical JSON: variables its worker group starts with (NCCL and gloo
+    read them once per process, so each combination is its own group)."""
+
+    @property
+    def env_vars(self) -> dict[str, str]:
+        return json.loads(self.env)
 
     @property
     def cell_id(self) -> str:
@@ -52,6 +73,8 @@ class Cell:
                 del flat[name]
         if self.step.workload is None:  # a preset's name fixes its shapes: its cells hash as they always did
             del flat["workload_fingerprint"]
+        if self.env != "{}":
+            flat["env"] = self.env
         return _digest(flat)
 
     @property
@@ -79,6 +102,7 @@ class Cell:
             s.micro_batch,
             s.seq_len,
             s.seed,
+            self.env,
         )
 
     def to_dict(self) -> dict:
@@ -87,6 +111,7 @@ class Cell:
             "world_size": self.world_size,
             "num_nodes": self.num_nodes,
             "backend": self.backend,
+            "env": self.env,
         }
 
     @classmethod
@@ -96,6 +121,7 @@ class Cell:
             world_size=data["world_size"],
             num_nodes=data["num_nodes"],
             backend=data["backend"],
+            env=data.get("env", "{}"),
         )
 
 
@@ -130,41 +156,73 @@ def workload_fields(spec: SweepSpec) -> dict:
     return fields
 
 
-def _cell(spec: SweepSpec, *, mode: str, gas: int, world_size: int = 1, num_nodes: int = 1, what: dict, **step) -> Cell:
-    cfg = StepConfig(
-        **what,
-        mode=mode,
-        micro_batch=spec.micro_batch,
-        gas=gas,
-        warmup_steps=spec.warmup_steps,
-        trace_comm=spec.trace_comm,
-        **_timing(spec),
-        **step,
+def _cell(
+    spec: SweepSpec,
+    *,
+    mode: str,
+    gas: int,
+    world_size: int = 1,
+    num_nodes: int = 1,
+    env: str = "{}",
+    what: dict,
+    **step,
+) -> Cell:
+    try:
+        cfg = StepConfig(
+            **what,
+            mode=mode,
+            micro_batch=spec.micro_batch,
+            gas=gas,
+            warmup_steps=spec.warmup_steps,
+            trace_comm=spec.trace_comm,
+            powersgd_start_iter=spec.powersgd_start_iter,
+            **_timing(spec),
+            **step,
+        )
+    except ConfigError as e:
+        raise SpecError(e.field, e.value, e.allowed) from None
+    return Cell(step=cfg, world_size=world_size, num_nodes=num_nodes, backend=spec.backend, env=env)
+
+
+def env_combinations(spec: SweepSpec) -> list[str]:
+    """Every combination of the spec's env_grid, as canonical JSON ("{}" without one)."""
+    names = sorted(spec.env_grid)
+    return [
+        canonical_args(dict(zip(names, values, strict=True))) for values in product(*(spec.env_grid[n] for n in names))
+    ]
+
+
+def _ddp_knobs(spec: SweepSpec) -> list[dict]:
+    """The DDP wrapper's settings crossed: buckets, bucket view, hook (and PowerSGD's rank), first bucket,
+    static_graph, broadcast_buffers."""
+    axes = product(
+        spec.gradient_as_bucket_view,
+        spec.bucket_cap_mb,
+        spec.comm_hook,
+        spec.powersgd_rank,
+        spec.first_bucket_mb,
+        spec.static_graph,
+        spec.broadcast_buffers,
     )
-    return Cell(step=cfg, world_size=world_size, num_nodes=num_nodes, backend=spec.backend)
+    names = ("gradient_as_bucket_view", "bucket_cap_mb", "comm_hook", "powersgd_rank", "first_bucket_mb")
+    names += ("static_graph", "broadcast_buffers")
+    return [
+        dict(zip(names, values, strict=True)) | {"bucket_cap_mb": float(values[1])}
+        for values in axes
+        if values[2] == "powersgd" or values[3] == spec.powersgd_rank[0]  # the rank only varies PowerSGD
+    ]
 
 
 def expand(spec: SweepSpec) -> list[Cell]:
     """Baselines first (one per gas), then the DDP grid; duplicates (e.g. no_sync at gas 1) dropped."""
     what = workload_fields(spec)
     cells = [_cell(spec, mode="single", gas=g, what=what) for g in sorted(spec.gas)]
-    axes = product(
-        spec.placements(), spec.modes, spec.gas, spec.no_sync, spec.gradient_as_bucket_view, spec.bucket_cap_mb
-    )
-    for (w, n), mode, g, ns, gv, b in axes:
-        cells.append(
-            _cell(
-                spec,
-                mode=mode,
-                world_size=w,
-                num_nodes=n,
-                gas=g,
-                no_sync=ns,
-                gradient_as_bucket_view=gv,
-                bucket_cap_mb=float(b),
-                what=what,
-            )
-        )
+    knobs = _ddp_knobs(spec)
+    for (w, n), env, mode, g, ns in product(
+        spec.placements(), env_combinations(spec), spec.modes, spec.gas, spec.no_sync
+    ):
+        for k in knobs if mode == "ddp" else knobs[:1]:
+            cells.append(_cell(spec, mode=mode, world_size=w, num_nodes=n, gas=g, no_sync=ns, env=env, what=what, **k))
     seen: dict[str, Cell] = {}
     for c in cells:
         seen.setdefault(c.cell_id, c)

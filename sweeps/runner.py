@@ -29,7 +29,7 @@ from sweeps.grid import Cell, Group, calibration_groups, expand, plan_groups
 from sweeps.options import TrialOptions
 from sweeps.rows import build_row, now
 from sweeps.session import ray_session
-from sweeps.spec import SpecError, SweepSpec, new_sweep_id
+from sweeps.spec import BF16_ON_CPU, SpecError, SweepSpec, new_sweep_id
 from sweeps.trial import row_context, trial_fn
 
 ProgressFn = Callable[[dict], None]
@@ -219,6 +219,8 @@ def resolve_options(plan: SweepPlan, res: preflight.ClusterResources, storage_pa
         raise SpecError("use_gpu", True, f"false or auto: the cluster has no GPUs ({res.describe()})")
     if spec.backend == "nccl" and not use_gpu:
         raise SpecError("backend", "nccl", f"gloo or auto: NCCL needs GPUs and the cluster has none ({res.describe()})")
+    if not use_gpu and "bf16" in spec.comm_hook:
+        raise SpecError(f"comm_hook[{spec.comm_hook.index('bf16')}]", "bf16", f"{BF16_ON_CPU} ({res.describe()})")
     backend = spec.backend if spec.backend != "auto" else ("nccl" if use_gpu else "gloo")
     return TrialOptions(
         sweep_id=plan.sweep_id,

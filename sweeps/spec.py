@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from results.store import LABEL_RULE, valid_label
-from trainers.config import StepConfig, canonical_args
+from trainers.config import COMM_HOOKS, StepConfig, canonical_args
 from trainers.errors import ConfigError
 from trainers.presets import PRESETS
 
@@ -80,6 +80,22 @@ class SweepSpec:
     """Grid: DDP's gradient_as_bucket_view."""
     modes: list[str] = field(default_factory=lambda: ["ddp"])
     """Grid: `ddp` and optionally `naive` (the single baseline is always added)."""
+    comm_hook: list[str] = field(default_factory=lambda: ["none"])
+    """Grid: DDP communication hook, `none`, `fp16`, `bf16` (CUDA + NCCL only) or `powersgd`. Every hook but
+    `none` changes the numerics: rows say so in `grad_compression`, and `recommend` marks it."""
+    powersgd_rank: list[int] = field(default_factory=lambda: [1])
+    """Grid: PowerSGD's matrix_approximation_rank (only crossed with `powersgd`)."""
+    powersgd_start_iter: int = 2
+    """PowerSGD: synchronized steps of plain all-reduce before compression (>= 2, <= warmup_steps)."""
+    first_bucket_mb: list[float | None] = field(default_factory=lambda: [None])
+    """Grid: DDP's first bucket in MB (null: PyTorch's default), given to DDP as per-bucket caps."""
+    static_graph: list[bool] = field(default_factory=lambda: [False])
+    """Grid: DDP's static_graph."""
+    broadcast_buffers: list[bool] = field(default_factory=lambda: [True])
+    """Grid: DDP's broadcast_buffers."""
+    env_grid: dict[str, list] = field(default_factory=dict)
+    """Grid: NCCL_* / GLOO_* / TORCH_NCCL_* variables and their values; every combination is its own worker
+    group (NCCL reads them once per process), recorded in the rows (`env_grid`, `env`)."""
     backend: str = "auto"
     """`auto` (nccl with GPUs, gloo without), `nccl` or `gloo`."""
     use_gpu: str | bool = "auto"
@@ -191,6 +207,7 @@ SCALARS = {
     "max_concurrent_trials": "int>=1",
     "repeats": "int>=1",
     "results": "str",
+    "powersgd_start_iter": "int>=1",
 }
 LISTS = {
     "workers": "int>=1",
@@ -200,6 +217,10 @@ LISTS = {
     "no_sync": "bool",
     "gradient_as_bucket_view": "bool",
     "modes": GRID_MODES,
+    "comm_hook": COMM_HOOKS,
+    "powersgd_rank": "int>=1",
+    "static_graph": "bool",
+    "broadcast_buffers": "bool",
 }
 
 
@@ -219,6 +240,8 @@ RANGES = {
     "nodes": (1, 4_096),
     "bucket_cap_mb": (0.001, 100_000),
     "gas": (1, 4_096),
+    "powersgd_rank": (1, 1_024),
+    "powersgd_start_iter": (2, 100_000),
 }
 MAX_AXIS_VALUES = 1_000  # values in one grid list
 MAX_MEASUREMENTS = 10_000  # cells x repeats in one sweep (a week of minute-long GPU cells): split larger studies
@@ -234,7 +257,9 @@ def _check_range(name: str, values: list) -> None:
 
 def _check_grid_size(spec: SweepSpec) -> None:
     """Bound the grid from its axis lengths, before anything is expanded."""
-    axes = [spec.bucket_cap_mb, spec.gas, spec.no_sync, spec.gradient_as_bucket_view, spec.modes]
+    axes = [spec.bucket_cap_mb, spec.gas, spec.no_sync, spec.gradient_as_bucket_view, spec.modes, spec.comm_hook]
+    axes += [spec.powersgd_rank, spec.first_bucket_mb, spec.static_graph, spec.broadcast_buffers]
+    axes += list(spec.env_grid.values()) if isinstance(spec.env_grid, dict) else []
     places = len(spec.workers) * len(spec.nodes) if spec.topology is None else len(spec.topology)
     upper = places * math.prod(len(a) for a in axes) * spec.repeats
     if upper > MAX_MEASUREMENTS:
@@ -279,6 +304,9 @@ def _validate(spec: SweepSpec) -> None:
     if spec.workload is None and spec.seq_len > PRESETS[spec.model].block_size:
         raise _fail("seq_len", spec.seq_len, f"1..{PRESETS[spec.model].block_size} (block size of {spec.model})")
     _validate_env(spec.env)
+    _validate_env_grid(spec.env_grid, spec.env)
+    _validate_first_bucket(spec.first_bucket_mb)
+    _validate_hooks(spec)
     _validate_results(spec.results)
     if spec.topology is None:
         _validate_nodes(spec)
@@ -310,15 +338,62 @@ def _validate_env(env: Any) -> None:
     for k, v in env.items():
         if not isinstance(k, str) or not k.startswith(ENV_PREFIXES) or not ENV_KEY_RE.match(k):
             raise _fail(f"env.{k}", k, f"a variable name of A-Z, 0-9, '_' starting with {', '.join(ENV_PREFIXES)}")
-        finite = not isinstance(v, float) or math.isfinite(v)
-        if (
-            not isinstance(v, (str, int, float))
-            or isinstance(v, bool)
-            or not finite
-            or "\0" in str(v)
-            or len(str(v)) > 4096
-        ):
-            raise _fail(f"env.{k}", v, "a string or number (no NUL byte, at most 4096 characters)")
+        if not _env_value_ok(v):
+            raise _fail(f"env.{k}", v, ENV_VALUE_RULE)
+
+
+ENV_VALUE_RULE = "a string or number (no NUL byte, at most 4096 characters)"
+
+
+def _env_value_ok(v: Any) -> bool:
+    finite = not isinstance(v, float) or math.isfinite(v)
+    text_ok = isinstance(v, (str, int, float)) and not isinstance(v, bool)
+    return text_ok and finite and "\0" not in str(v) and len(str(v)) <= 4096
+
+
+def _validate_env_grid(grid: Any, env: dict) -> None:
+    if not isinstance(grid, dict):
+        raise _fail("env_grid", grid, "a mapping of variable name to a list of values")
+    for k, values in grid.items():
+        if not isinstance(k, str) or not k.startswith(ENV_PREFIXES) or not ENV_KEY_RE.match(k):
+            raise _fail(f"env_grid.{k}", k, f"a variable name of A-Z, 0-9, '_' starting with {', '.join(ENV_PREFIXES)}")
+        if k in env:
+            raise _fail(f"env_grid.{k}", values, f"a variable not also fixed in env ({k} is)")
+        if not isinstance(values, list) or not values or len(values) > MAX_AXIS_VALUES:
+            raise _fail(f"env_grid.{k}", values, f"a non-empty list of at most {MAX_AXIS_VALUES} values")
+        for i, v in enumerate(values):
+            if not _env_value_ok(v):
+                raise _fail(f"env_grid.{k}[{i}]", v, ENV_VALUE_RULE)
+        if len({str(v) for v in values}) != len(values):
+            raise _fail(f"env_grid.{k}", values, "a list without duplicates")
+
+
+def _validate_first_bucket(values: Any) -> None:
+    if not isinstance(values, list) or not values:
+        raise _fail("first_bucket_mb", values, "a non-empty list of MB values or null (PyTorch's default)")
+    for i, v in enumerate(values):
+        if v is not None and not (_is_num(v) and 0 < v <= RANGES["bucket_cap_mb"][1]):
+            raise _fail(f"first_bucket_mb[{i}]", v, f"a number of MB in (0, {RANGES['bucket_cap_mb'][1]}] or null")
+    if len(set(values)) != len(values):
+        raise _fail("first_bucket_mb", values, "a list without duplicates")
+
+
+def _validate_hooks(spec: SweepSpec) -> None:
+    """bf16 needs CUDA (refused here when the spec says CPU; runner.resolve_options checks `auto` against
+    the cluster); PowerSGD compresses only after powersgd_start_iter synchronized steps, so the warm-up must
+    cover them."""
+    if "bf16" in spec.comm_hook and spec.use_gpu is False:
+        i = spec.comm_hook.index("bf16")
+        raise _fail(f"comm_hook[{i}]", "bf16", BF16_ON_CPU)
+    if "powersgd" in spec.comm_hook and spec.powersgd_start_iter > spec.warmup_steps:
+        raise _fail(
+            "powersgd_start_iter",
+            spec.powersgd_start_iter,
+            f"at most warmup_steps ({spec.warmup_steps}) so the timed steps are compressed (raise warmup_steps)",
+        )
+
+
+BF16_ON_CPU = "none, fp16 or powersgd without GPUs: PyTorch's bf16_compress_hook needs CUDA 11+ and NCCL 2.10+"
 
 
 def _validate_topology(topology: Any) -> None:
@@ -371,6 +446,11 @@ def spec_from_dict(data: Any, source: str = "spec") -> SweepSpec:
     data = dict(data)
     if "env" in data and isinstance(data["env"], dict):
         data["env"] = {k: str(v) if _is_num(v) else v for k, v in data["env"].items()}
+    if "env_grid" in data and isinstance(data["env_grid"], dict):
+        data["env_grid"] = {
+            k: [str(v) if _is_num(v) else v for v in vs] if isinstance(vs, list) else vs
+            for k, vs in data["env_grid"].items()
+        }
     return SweepSpec(**data)
 
 

@@ -100,7 +100,9 @@ def _measure(slot: Slot, device: torch.device, threads: int, template) -> tuple[
 
 def _unrecorded(group: Group, timed_steps: int, device: torch.device, threads: int, template):
     """A short, fixed run of the group's first cell that makes no row (its measured run reports any error)."""
-    step = replace(group.first.step, warmup_steps=1, timed_steps=timed_steps, target_rel_ci=None)
+    first = group.first.step
+    warm = first.powersgd_start_iter if first.comm_hook == "powersgd" else 1  # compressed when timed
+    step = replace(first, warmup_steps=warm, timed_steps=timed_steps, target_rel_ci=None)
     m = None
     with contextlib.suppress(Exception):
         m = run_cell(step, device, threads, template)

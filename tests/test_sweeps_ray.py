@@ -141,3 +141,19 @@ def test_cell_isolation_runs_one_worker_group_per_measurement(fault_file, tmp_pa
     assert len(outcome.rows) == 3 and {r["status"] for r in outcome.rows} == {"ok"}
     assert len({r["group_id"] for r in outcome.rows}) == 3 and {r["isolation"] for r in outcome.rows} == {"cell"}
     assert all(r["replicas_in_sync"] and r["step_ms"] > 0 for r in outcome.rows)
+
+
+def test_hooks_and_an_env_grid_run_on_ray_one_group_per_environment(fault_file, tmp_path):
+    fault_file.write_text("")
+    text = spec_text(buckets="[0.25]").replace("warmup_steps: 1", "warmup_steps: 2")
+    text += "comm_hook: [none, powersgd]\ntrace_comm: true\nenv_grid: {TORCH_DISTRIBUTED_DEBUG: ['OFF', INFO]}\n"
+    outcome = execute(plan_sweep(parse_spec(text), results=str(tmp_path)))
+    ddp = [r for r in outcome.rows if r["mode"] == "ddp"]
+    assert len(ddp) == 4 and all(r["status"] == "ok" and r["replicas_in_sync"] for r in ddp), ddp
+    assert len({r["group_id"] for r in ddp}) == 2  # one worker group per environment, hooks share it
+    for r in ddp:
+        grid = json.loads(r["env_grid"])
+        assert json.loads(r["env"])["TORCH_DISTRIBUTED_DEBUG"] == grid["TORCH_DISTRIBUTED_DEBUG"]  # in force
+        assert json.loads(r["env"])["NCCL_DEBUG"] == "WARN"  # the spec's env beside it
+    by_hook = {r["grad_compression"]: r["comm_bytes_per_step"] for r in ddp if "INFO" in r["env_grid"]}
+    assert by_hook["powersgd-rank-1"] <= 0.1 * by_hook["none"]  # measured by the trace, on the workers

@@ -189,7 +189,7 @@ def test_group_key_is_what_shapes_a_worker_group():
     keys = {c.group_key for c in expand(spec)}
     fp = expand(spec)[0].step.workload_fingerprint  # the model's shapes: a workload of another shape never joins
     assert len(fp) == 12 and int(fp, 16) >= 0
-    assert keys == {(w == 1, w, 1, "auto", "tiny", "{}", fp, 8, 64, 1337) for w in (1, 2, 4)}
+    assert keys == {(w == 1, w, 1, "auto", "tiny", "{}", fp, 8, 64, 1337, "{}") for w in (1, 2, 4)}
     at_one = expand(parse_spec("name: k\nworkers: [1]\nbucket_cap_mb: [1, 25]"))
     assert len({c.group_key for c in at_one}) == 2  # ddp at world size 1 does not join the baselines
 
@@ -316,3 +316,58 @@ def test_a_huge_spec_file_is_refused_without_reading_it_whole(tmp_path, monkeypa
     monkeypatch.setattr(type(big), "read_bytes", whole)
     with pytest.raises(SpecError, match="at most 262144 bytes"):
         load_spec(big)
+
+
+def test_the_slow_link_knobs_are_grid_axes_with_powersgd_ranks_only_on_powersgd():
+    spec = parse_spec(
+        "name: k\nbucket_cap_mb: [1, 25]\ncomm_hook: [none, fp16, powersgd]\npowersgd_rank: [1, 4]\n"
+        "first_bucket_mb: [null, 0.5]\nstatic_graph: [false, true]\n"
+    )
+    ddp = [c.step for c in expand(spec) if c.step.mode == "ddp"]
+    assert len(ddp) == 2 * (1 + 1 + 2) * 2 * 2  # buckets x (none, fp16, powersgd x 2 ranks) x first x static
+    assert {(s.comm_hook, s.powersgd_rank) for s in ddp} == {("none", 1), ("fp16", 1), ("powersgd", 1), ("powersgd", 4)}
+    assert {s.grad_compression for s in ddp} == {"none", "fp16", "powersgd-rank-1", "powersgd-rank-4"}
+    assert len({c.group_key for c in expand(spec)}) == 2  # one DDP group: hooks need no new processes
+
+
+def test_an_env_grid_makes_one_worker_group_per_combination_and_joins_the_cell_id():
+    spec = parse_spec("name: e\nenv_grid: {NCCL_ALGO: [Ring, Tree], GLOO_DEVICE_TRANSPORT: [TCP]}\n")
+    ddp = [c for c in expand(spec) if c.step.mode == "ddp"]
+    assert [c.env_vars for c in ddp] == [
+        {"GLOO_DEVICE_TRANSPORT": "TCP", "NCCL_ALGO": "Ring"},
+        {"GLOO_DEVICE_TRANSPORT": "TCP", "NCCL_ALGO": "Tree"},
+    ]
+    assert len({c.group_key for c in ddp}) == 2 and len({c.cell_id for c in ddp}) == 2
+    plain = [c for c in expand(parse_spec("name: e\n")) if c.step.mode == "ddp"]
+    assert plain[0].env == "{}" and plain[0].cell_id not in {c.cell_id for c in ddp}
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("name: b\ncomm_hook: [none, bf16]\nuse_gpu: false\n", "comm_hook[1]"),
+        ("name: b\ncomm_hook: [int8]\n", "comm_hook[0]"),
+        ("name: b\ncomm_hook: [powersgd]\npowersgd_start_iter: 5\n", "powersgd_start_iter"),
+        ("name: b\npowersgd_rank: [0]\n", "powersgd_rank[0]"),
+        ("name: b\nfirst_bucket_mb: [-1]\n", "first_bucket_mb[0]"),
+        ("name: b\nstatic_graph: [1]\n", "static_graph[0]"),
+        ("name: b\nenv_grid: {PATH: [a]}\n", "env_grid.PATH"),
+        ("name: b\nenv_grid: {NCCL_ALGO: []}\n", "env_grid.NCCL_ALGO"),
+        ("name: b\nenv_grid: {NCCL_ALGO: [Ring, Ring]}\n", "env_grid.NCCL_ALGO"),
+        ('name: b\nenv_grid: {NCCL_ALGO: ["a\\0b"]}\n', "env_grid.NCCL_ALGO[0]"),
+        ("name: b\nenv: {NCCL_ALGO: Ring}\nenv_grid: {NCCL_ALGO: [Tree]}\n", "env_grid.NCCL_ALGO"),
+    ],
+)
+def test_bad_knob_values_name_their_field(text, field):
+    with pytest.raises(SpecError) as e:
+        parse_spec(text)
+    assert e.value.field == field, str(e.value)
+
+
+def test_bf16_on_a_machine_without_gpus_is_refused_before_ray_with_the_field():
+    from sweeps import runner
+
+    plan = runner.plan_sweep(parse_spec("name: b\ncomm_hook: [bf16]\n"), results="/tmp/unused-ddpsweep")
+    with pytest.raises(SpecError) as e:
+        runner.check_local(plan)  # use_gpu: auto on this CPU machine
+    assert e.value.field == "comm_hook[0]" and "CUDA" in str(e.value)

@@ -10,6 +10,7 @@ from trainers.errors import ConfigError
 from trainers.presets import PRESETS
 
 MODES = ("single", "ddp", "naive")
+COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 WORKLOAD_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -58,6 +59,23 @@ class StepConfig:
     what the default one does); ddp mode only."""
     seed: int = 1337
     """Model-init seed (same on every rank); data uses seed + rank."""
+    comm_hook: str = "none"
+    """DDP communication hook (ddp mode): `none` (DDP's own all-reduce), `fp16` / `bf16` (gradients cast to
+    half precision for the all-reduce: half the bytes, rounded values), `powersgd` (a low-rank approximation
+    with error feedback, Vogels et al. 2019). Every hook but `none` changes the numerics."""
+    powersgd_rank: int = 1
+    """`powersgd`: matrix_approximation_rank (1-4 typical); 1 for other hooks."""
+    powersgd_start_iter: int = 2
+    """`powersgd`: synchronized steps of plain all-reduce before compression starts (at least 2 with error
+    feedback, PyTorch's rule). Under no_sync one optimizer step synchronizes once; otherwise every micro-step
+    does. At most warmup_steps, so the timed steps are compressed; 2 for other hooks."""
+    first_bucket_mb: float | None = None
+    """Size of DDP's first bucket in MB (`torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`, a private PyTorch
+    knob, 1 MiB by default, set on every rank before wrapping and restored after); None: PyTorch's default."""
+    static_graph: bool = False
+    """DDP's static_graph (the graph and the parameters used are the same every step)."""
+    broadcast_buffers: bool = True
+    """DDP's broadcast_buffers (rank 0's buffers sent to every rank at each forward)."""
 
     def __post_init__(self) -> None:
         if self.workload is not None:
@@ -80,6 +98,7 @@ class StepConfig:
             raise ConfigError("target_rel_ci", t, "a fraction in (0, 1), e.g. 0.02 for ±2%")
         if isinstance(self.max_cell_s, bool) or not isinstance(self.max_cell_s, int | float) or self.max_cell_s <= 0:
             raise ConfigError("max_cell_s", self.max_cell_s, "a number of seconds > 0")
+        self._check_ddp_knobs()
         self._normalize()
         b = self.bucket_cap_mb
         if self.mode == "ddp" and (not isinstance(b, int | float) or isinstance(b, bool) or not b > 0):
@@ -98,12 +117,44 @@ class StepConfig:
         object.__setattr__(self, "model", self.workload)  # rows, groups and reports name the workload
         object.__setattr__(self, "seq_len", 1)  # a preset's knob: one spelling for every workload cell
 
+    def _check_ddp_knobs(self) -> None:
+        if self.comm_hook not in COMM_HOOKS:
+            raise ConfigError("comm_hook", self.comm_hook, f"one of {', '.join(COMM_HOOKS)}")
+        for name, lo in (("powersgd_rank", 1), ("powersgd_start_iter", 2)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+                raise ConfigError(name, value, f"an integer >= {lo}")
+        if self.comm_hook == "powersgd" and self.mode == "ddp" and self.powersgd_start_iter > self.warmup_steps:
+            raise ConfigError(
+                "powersgd_start_iter",
+                self.powersgd_start_iter,
+                f"at most warmup_steps ({self.warmup_steps}), so the timed steps are compressed",
+            )
+        f = self.first_bucket_mb
+        if f is not None and (not isinstance(f, int | float) or isinstance(f, bool) or not 0 < f <= 100_000):
+            raise ConfigError("first_bucket_mb", f, "a number of MB in (0, 100000], or null for PyTorch's 1 MiB")
+        for name in ("static_graph", "broadcast_buffers"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, getattr(self, name), "true or false")
+
+    @property
+    def grad_compression(self) -> str:
+        """What the hook does to the gradients: none | fp16 | bf16 | powersgd-rank-N."""
+        return f"powersgd-rank-{self.powersgd_rank}" if self.comm_hook == "powersgd" else self.comm_hook
+
     def _normalize(self) -> None:
         """Settings that do not apply to the mode become None/False, so one cell has one spelling."""
+        if self.comm_hook != "powersgd":
+            object.__setattr__(self, "powersgd_rank", 1)
+            object.__setattr__(self, "powersgd_start_iter", 2)
         if self.mode != "ddp":
             object.__setattr__(self, "bucket_cap_mb", None)
             object.__setattr__(self, "gradient_as_bucket_view", None)
             object.__setattr__(self, "trace_comm", False)
+            for name in ("comm_hook", "first_bucket_mb", "static_graph", "broadcast_buffers"):
+                object.__setattr__(self, name, getattr(StepConfig, name))
+            object.__setattr__(self, "powersgd_rank", 1)
+            object.__setattr__(self, "powersgd_start_iter", 2)
         elif self.gradient_as_bucket_view is None:
             object.__setattr__(self, "gradient_as_bucket_view", True)
         if self.gas == 1 or self.mode == "single":
@@ -159,6 +210,8 @@ class Measurement:
     comm_exposed_ms: float | None = None  # trace_comm: communication left after backward compute ended
     comm_overlap_frac: float | None = None  # trace_comm: 1 - exposed / comm
     comm_timeline_ms: list[list[float]] | None = None  # trace_comm: [bucket, launch, done] of the median step
+    comm_bytes_per_step: int | None = None  # trace_comm: bytes all-reduced per optimizer step, rank 0 (median)
+    comm_collectives_per_step: int | None = None  # trace_comm: all-reduce calls per optimizer step (median)
     replicas_in_sync: bool = True
 
     def to_dict(self) -> dict:

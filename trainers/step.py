@@ -21,8 +21,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainers import workload
-from trainers.commtrace import CommTrace, summarize_trace, traced_allreduce
+from trainers import hooks, workload
+from trainers.commtrace import CommTrace, counting_all_reduce, summarize_trace, traced_hook
 from trainers.config import Measurement, StepConfig
 from trainers.model import grad_bytes, n_params
 from trainers.stats import median_rel_half_width, summarize
@@ -69,20 +69,12 @@ def setup_replica(cfg: StepConfig, device: torch.device, template: Built | None 
     model = copy.deepcopy(built.model)
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed(cfg) else (0, 1)
     module: nn.Module = model
+    trace = None
     if cfg.mode == "ddp":
-        module = DDP(
-            model,
-            device_ids=[device.index] if device.type == "cuda" else None,
-            bucket_cap_mb=cfg.bucket_cap_mb,
-            gradient_as_bucket_view=cfg.gradient_as_bucket_view,
-        )
+        module, trace = wrap_ddp(model, cfg, device, world)
     elif cfg.mode == "naive":
         for p in model.parameters():  # start from rank 0's weights, as DDP does
             dist.broadcast(p.data, src=0)
-    trace = None
-    if cfg.mode == "ddp" and cfg.trace_comm:
-        trace = CommTrace(world_size=world, cuda=device.type == "cuda")
-        module.register_comm_hook(trace, traced_allreduce)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=device.type == "cuda")
     batches = make_batches(built, cfg, rank, device)
     return Replica(
@@ -97,6 +89,37 @@ def setup_replica(cfg: StepConfig, device: torch.device, template: Built | None 
         trace=trace,
         tokens_per_sample=built.tokens_per_sample,
     )
+
+
+def wrap_ddp(model: nn.Module, cfg: StepConfig, device: torch.device, world: int) -> tuple[DDP, CommTrace | None]:
+    """DDP with the cell's bucket sizes, static_graph, broadcast_buffers and communication hook; with
+    trace_comm, the hook runs inside the trace (which records its collectives and bytes)."""
+    module = DDP(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=cfg.bucket_cap_mb,
+        gradient_as_bucket_view=cfg.gradient_as_bucket_view,
+        static_graph=cfg.static_graph,
+        broadcast_buffers=cfg.broadcast_buffers,
+        **first_bucket_kwargs(cfg),
+    )
+    hook, state = hooks.comm_hook(cfg)
+    if cfg.trace_comm:
+        trace = CommTrace(world_size=world, cuda=device.type == "cuda", inner=hook, inner_state=state)
+        module.register_comm_hook(trace, traced_hook)
+        return module, trace
+    if hook is not None:
+        module.register_comm_hook(state, hook)
+    return module, None
+
+
+def first_bucket_kwargs(cfg: StepConfig) -> dict:
+    """The first bucket's size: PyTorch 2.13 gives the first bucket the same cap as the others once
+    bucket_cap_mb is passed (its 1 MiB `_DEFAULT_FIRST_BUCKET_BYTES` applies only to the default cap), so a
+    first_bucket_mb goes in as per-bucket caps [first, rest] (`bucket_cap_mb_list`)."""
+    if cfg.first_bucket_mb is None:
+        return {}
+    return {"bucket_cap_mb_list": [cfg.first_bucket_mb, cfg.bucket_cap_mb]}
 
 
 def _naive_all_reduce(rep: Replica) -> None:
@@ -257,8 +280,9 @@ def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Calla
     timed step), so every rank takes the same decision from the same numbers."""
     gather = (lambda t: gather_max(t, device)) if distributed(cfg) else (lambda t: t)
     trace = rep.trace
-    hooks = (trace.start_step, trace.end_step) if trace else (lambda: None, lambda: None)
-    own = time_steps(lambda: train_step(rep), cfg.timed_steps, sync, *hooks)
+    around = (trace.start_step, trace.end_step) if trace else (lambda: None, lambda: None)
+    with counting_all_reduce(trace):
+        own = time_steps(lambda: train_step(rep), cfg.timed_steps, sync, *around)
     if cfg.target_rel_ci is None:
         return gather(own), None
     while True:
@@ -266,7 +290,9 @@ def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Calla
         converged = median_rel_half_width(times) <= cfg.target_rel_ci
         if converged or len(times) >= cfg.max_timed_steps or sum(times) / 1e3 >= cfg.max_cell_s:
             return times, converged
-        own += time_steps(lambda: train_step(rep), min(cfg.timed_steps, cfg.max_timed_steps - len(own)), sync, *hooks)
+        with counting_all_reduce(trace):
+            n = min(cfg.timed_steps, cfg.max_timed_steps - len(own))
+            own += time_steps(lambda: train_step(rep), n, sync, *around)
 
 
 def _measurement(

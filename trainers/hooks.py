@@ -1,0 +1,63 @@
+"""DDP communication hooks as a cell names them (`StepConfig.comm_hook`): PyTorch's own hooks, built per
+replica (a PowerSGD state holds error-feedback memory and must never be shared between cells).
+
+    none      DDP's all-reduce (divide by the world size, sum)                    exact
+    fp16      gradients cast to float16 for the all-reduce, back after            half the bytes, rounded
+    bf16      the same in bfloat16 (PyTorch: CUDA 11+ and NCCL 2.10+ only)        half the bytes, rounded
+    powersgd  rank-r factors P and Q all-reduced instead of each matrix          error feedback, lossy
+              (Vogels et al. 2019); vectors and small tensors uncompressed
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+from trainers.config import StepConfig
+
+HookFn = Callable  # (state, GradBucket) -> Future[Tensor]
+
+
+def comm_hook(cfg: StepConfig) -> tuple[HookFn | None, object]:
+    """(hook, state) for the cell; (None, None) for DDP's built-in all-reduce (a trace then does the same
+    arithmetic itself: trainers.commtrace)."""
+    if cfg.comm_hook == "fp16":
+        return default_hooks.fp16_compress_hook, None  # state: the process group (None: the default one)
+    if cfg.comm_hook == "bf16":
+        return default_hooks.bf16_compress_hook, None
+    if cfg.comm_hook == "powersgd":
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None,
+            matrix_approximation_rank=cfg.powersgd_rank,
+            start_powerSGD_iter=cfg.powersgd_start_iter,
+            use_error_feedback=True,
+            warm_start=True,
+            random_seed=cfg.seed,
+        )
+        if dist.get_backend() == "gloo":
+            return bucket_by_bucket(powerSGD_hook.powerSGD_hook), state
+        return powerSGD_hook.powerSGD_hook, state
+    return None, None
+
+
+def bucket_by_bucket(hook: HookFn) -> HookFn:
+    """`hook`, finished before the next bucket's starts. PowerSGD launches its second all-reduce (Q) from
+    the first one's callback; on gloo, which has no stream to order collectives, the next bucket's first
+    all-reduce can then go out before it on one rank and after it on the other: the sizes disagree and gloo
+    aborts the process (seen here with two buckets). Waiting keeps one order on every rank; what it costs is
+    the overlap between buckets, on gloo only."""
+
+    def ordered(state, bucket):
+        fut = hook(state, bucket)
+        fut.wait()
+        return fut
+
+    return ordered
+
+
+def bf16_supported(device_type: str) -> bool:
+    """Whether bf16_compress_hook can run here: PyTorch refuses it without CUDA (and NCCL 2.10+)."""
+    return device_type == "cuda" and torch.cuda.is_available()
