@@ -64,6 +64,16 @@ def predict_ms(fit: pd.Series, sizes_bytes: list[int] | np.ndarray) -> np.ndarra
     return np.where(beyond, fit["curve_ms"][-1] + (m - fit["curve_bytes"][-1]) * last_rate, inside)
 
 
+WIRE_FRACTION = {"none": 1.0, "fp16": 0.5, "bf16": 0.5}  # bytes on the wire / fp32 gradient bytes
+
+
+def wire_fraction(line: pd.Series) -> float:
+    """The fraction of a bucket's bytes a cell's hook all-reduces: 1 (none), 0.5 (fp16, bf16); NaN for
+    PowerSGD, whose factors' bytes depend on every matrix's shape (`trace_comm` measures them:
+    comm_bytes_per_step), so no prediction is made for it."""
+    return WIRE_FRACTION.get(str(line.get("comm_hook", "none")), float("nan"))
+
+
 def predictions(cells: pd.DataFrame, calibration: pd.DataFrame) -> pd.DataFrame:
     """For each DDP cell (`with_baseline` lines with their `bucket_sizes_bytes`): the predicted all-reduce
     time of a step (Σ over its buckets), the no-overlap bound (baseline + that), and the predicted
@@ -74,9 +84,11 @@ def predictions(cells: pd.DataFrame, calibration: pd.DataFrame) -> pd.DataFrame:
         return out
     per_step, single = [], []
     for _, line in out.iterrows():
+        wire = wire_fraction(line)
         sizes = line["bucket_sizes_bytes"]
-        per_step.append(float(predict_ms(line, sizes).sum()) if sizes is not None and len(sizes) else np.nan)
-        single.append(float(predict_ms(line, [line["grad_bytes"]])[0]))
+        sent = np.asarray(sizes, dtype=float) * wire if sizes is not None and len(sizes) else None
+        per_step.append(float(predict_ms(line, sent).sum()) if sent is not None and wire == wire else np.nan)
+        single.append(float(predict_ms(line, [line["grad_bytes"] * wire])[0]) if wire == wire else np.nan)
     out["predicted_allreduce_ms"], out["predicted_single_bucket_ms"] = per_step, single
     out["no_overlap_bound_ms"] = out["baseline_step_ms"] + out["predicted_allreduce_ms"]
     # measured exposed communication / predicted all-reduce of the step, with the measurement's interval

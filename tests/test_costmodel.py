@@ -108,3 +108,14 @@ def test_report_uses_the_sweeps_own_calibration():
     one = pred[pred["bucket_cap_mb"] == 500.0].iloc[0]
     assert one["predicted_allreduce_ms"] == pytest.approx(4 * (GRAD_BYTES // 4) / 10.1e9 * 1e3)  # Σ over buckets
     assert one["no_overlap_bound_ms"] == pytest.approx(122.2 + one["predicted_allreduce_ms"])
+
+
+def test_predictions_use_the_bytes_each_hook_sends():
+    rows = pd.DataFrame(seed_rows()).assign(bucket_sizes_bytes=[[]] + [[GRAD_BYTES // 4] * 4] * 7, comm_hook="none")
+    ddp = rows[rows["mode"] == "ddp"].iloc[:1]
+    hooked = pd.concat([rows] + [ddp.assign(comm_hook=h, cell_id=h) for h in ("fp16", "powersgd")])
+    pred = costmodel.predictions(analysis.with_baseline(hooked), pd.DataFrame(calibration_rows(0.0, 10.1e9)))
+    first = pred[pred["bucket_cap_mb"] == ddp["bucket_cap_mb"].iloc[0]].set_index("comm_hook")
+    full = first.loc["none", "predicted_allreduce_ms"]
+    assert first.loc["fp16", "predicted_allreduce_ms"] == pytest.approx(full / 2)  # half the bytes, α = 0 here
+    assert pd.isna(first.loc["powersgd", "predicted_allreduce_ms"])  # its bytes are measured, not assumed
