@@ -157,7 +157,8 @@ def test_the_sweeps_page_lists_the_store_and_updates_itself(browser, server, sto
     assert written == f"{len(stored)}/{len(stored)}"  # written / planned, as the store holds them
     browser.save_screenshot(str(shots() / "sweeps.png"))
     store = Store.open(store_dir)
-    store.write_row(store.read_table(cluster="local").to_pylist()[0] | {"sweep_id": "live-1", "cell_id": "live"})
+    live = {"sweep_id": "live-1", "cell_id": "live", "cluster": "live"}  # its own cluster: the compare test pools
+    store.write_row(store.read_table(cluster="local").to_pylist()[0] | live)  # local's sweeps, and must not see it
     wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#sweeps tr[data-sweep='live-1']"))  # no reload
     no_console_errors(browser)
 
