@@ -47,7 +47,7 @@ class CachedStore:
         self._ipc_dir = tempfile.mkdtemp(prefix="ddpsweep-cache-")
         self._ipc: tuple[object, object, tuple[str, str]] | None = None  # (rows, calibration, paths)
         self._ipc_lock = threading.Lock()
-        self._memo: dict[tuple, tuple[object, object, object]] = {}  # key -> (rows, calibration, value)
+        self._memo: dict[tuple, tuple[object, object]] = {}  # key -> (rows snapshot, value)
         self._memo_locks: dict[tuple, threading.Lock] = {}
         self._memo_lock = threading.Lock()
         weakref.finalize(self, shutil.rmtree, self._ipc_dir, True)
@@ -85,19 +85,19 @@ class CachedStore:
         return snapshot
 
     def memo(self, key: tuple, compute: Callable[[], T]) -> T:
-        """`compute()` once per version of the store (its rows and calibration snapshots): while it runs,
-        requests for the same key wait for its result; later ones reuse it until new rows arrive. A report
-        took 5.3 s to render here, and 8 at once took over 60 s each."""
-        rows, calibration = self.table(), self.calibration()
+        """`compute()` once per version of the store (its rows snapshot: calibration files are written with
+        a group's rows): while it runs, requests for the same key wait for its result; later ones reuse it
+        until new rows arrive. A report took 5.3 s to render here, and 8 at once took over 60 s each."""
+        rows = self.table()
         with self._memo_lock:
             lock = self._memo_locks.setdefault(key, threading.Lock())
         with lock:
             hit = self._memo.get(key)
-            if hit is not None and hit[0] is rows and hit[1] is calibration:
-                return hit[2]  # type: ignore[return-value]
+            if hit is not None and hit[0] is rows:
+                return hit[1]  # type: ignore[return-value]
             value = compute()
             with self._memo_lock:
-                self._memo[key] = (rows, calibration, value)
+                self._memo[key] = (rows, value)
                 while len(self._memo) > MEMO_ENTRIES:
                     self._memo.pop(next(iter(self._memo)))
             return value
