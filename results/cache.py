@@ -30,6 +30,7 @@ STORE_MAX_ROWS = 5_000_000  # rows a server keeps in memory (about 0.5 KB each):
 ANALYSIS_MAX_ROWS = 20_000  # rows a page, report, comparison or recommendation analyses (bootstraps)
 DOWNLOAD_MAX_ROWS = 500_000  # rows `/cells` returns in one response
 MEMO_ENTRIES = 64  # rendered pages and reports kept per server (each for one version of the store)
+MEMO_LOCKS = 16
 T = TypeVar("T")
 
 
@@ -48,7 +49,7 @@ class CachedStore:
         self._ipc: tuple[object, object, tuple[str, str]] | None = None  # (rows, calibration, paths)
         self._ipc_lock = threading.Lock()
         self._memo: dict[tuple, tuple[object, object]] = {}  # key -> (rows snapshot, value)
-        self._memo_locks: dict[tuple, threading.Lock] = {}
+        self._memo_locks = [threading.Lock() for _ in range(MEMO_LOCKS)]  # by key hash: bounded, whatever is asked
         self._memo_lock = threading.Lock()
         weakref.finalize(self, shutil.rmtree, self._ipc_dir, True)
 
@@ -89,9 +90,7 @@ class CachedStore:
         a group's rows): while it runs, requests for the same key wait for its result; later ones reuse it
         until new rows arrive. A report took 5.3 s to render here, and 8 at once took over 60 s each."""
         rows = self.table()
-        with self._memo_lock:
-            lock = self._memo_locks.setdefault(key, threading.Lock())
-        with lock:
+        with self._memo_locks[hash(key) % MEMO_LOCKS]:
             hit = self._memo.get(key)
             if hit is not None and hit[0] is rows:
                 return hit[1]  # type: ignore[return-value]

@@ -206,11 +206,8 @@ def _ddp_knobs(spec: SweepSpec) -> list[dict]:
     )
     names = ("gradient_as_bucket_view", "bucket_cap_mb", "comm_hook", "powersgd_rank", "first_bucket_mb")
     names += ("static_graph", "broadcast_buffers")
-    return [
-        dict(zip(names, values, strict=True)) | {"bucket_cap_mb": float(values[1])}
-        for values in axes
-        if values[2] == "powersgd" or values[3] == spec.powersgd_rank[0]  # the rank only varies PowerSGD
-    ]
+    # a rank crossed with another hook normalizes to 1 (StepConfig) and expand's dedupe by cell id drops it
+    return [dict(zip(names, values, strict=True)) | {"bucket_cap_mb": float(values[1])} for values in axes]
 
 
 def expand(spec: SweepSpec) -> list[Cell]:

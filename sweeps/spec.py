@@ -336,10 +336,14 @@ def _validate_env(env: Any) -> None:
     if not isinstance(env, dict):
         raise _fail("env", env, "a mapping of variable name to string value")
     for k, v in env.items():
-        if not isinstance(k, str) or not k.startswith(ENV_PREFIXES) or not ENV_KEY_RE.match(k):
-            raise _fail(f"env.{k}", k, f"a variable name of A-Z, 0-9, '_' starting with {', '.join(ENV_PREFIXES)}")
+        _check_env_name(f"env.{k}", k)
         if not _env_value_ok(v):
             raise _fail(f"env.{k}", v, ENV_VALUE_RULE)
+
+
+def _check_env_name(path: str, k: Any) -> None:
+    if not isinstance(k, str) or not k.startswith(ENV_PREFIXES) or not ENV_KEY_RE.match(k):
+        raise _fail(path, k, f"a variable name of A-Z, 0-9, '_' starting with {', '.join(ENV_PREFIXES)}")
 
 
 ENV_VALUE_RULE = "a string or number (no NUL byte, at most 4096 characters)"
@@ -355,8 +359,7 @@ def _validate_env_grid(grid: Any, env: dict) -> None:
     if not isinstance(grid, dict):
         raise _fail("env_grid", grid, "a mapping of variable name to a list of values")
     for k, values in grid.items():
-        if not isinstance(k, str) or not k.startswith(ENV_PREFIXES) or not ENV_KEY_RE.match(k):
-            raise _fail(f"env_grid.{k}", k, f"a variable name of A-Z, 0-9, '_' starting with {', '.join(ENV_PREFIXES)}")
+        _check_env_name(f"env_grid.{k}", k)
         if k in env:
             raise _fail(f"env_grid.{k}", values, f"a variable not also fixed in env ({k} is)")
         if not isinstance(values, list) or not values or len(values) > MAX_AXIS_VALUES:

@@ -24,6 +24,17 @@ BOMBS = [
 ]
 
 
+def cli_query(sql: str, *args: str) -> subprocess.CompletedProcess:
+    """`ddpsweep query SQL ARGS…` in a process of its own (its memory cap and deadline are its own)."""
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", "query", sql, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+
+
 @pytest.fixture
 def client(seed_store, monkeypatch):
     monkeypatch.setattr("results.query.QUERY_TIMEOUT_S", 20.0)
@@ -59,26 +70,14 @@ def test_analysis_views_run_inside_the_deadline(client, monkeypatch):
 def test_server_and_cli_give_one_answer(client, seed_store):
     sql = "select COLUMNS('mod.|gas') from cells order by all limit 1"
     over_http = client.post("/query", json={"sql": sql, "format": "csv"}, headers=AUTH).text
-    cli = subprocess.run(
-        [sys.executable, "-m", "service.cli", "query", sql, "--results", seed_store, "--format", "csv"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    cli = cli_query(sql, "--results", seed_store, "--format", "csv")
     assert cli.returncode == 0 and cli.stdout.strip() == over_http.strip()
     assert over_http.splitlines()[0] == "model,mode,gas"  # a regex: model matches too
 
 
 def test_a_memory_bomb_in_the_cli_is_one_line_with_bounded_memory(seed_store):
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    run = subprocess.run(
-        [sys.executable, "-m", "service.cli", "query", BOMBS[0], "--results", seed_store],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    run = cli_query(BOMBS[0], "--results", seed_store)
     assert run.returncode == 2 and "memory" in run.stderr.lower() and "Traceback" not in run.stderr, run.stderr
     peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     assert max(before, peak_kb) < 3 * 2**20  # KiB: under 3 GiB, where it reached 7.3 GB before
@@ -152,13 +151,7 @@ TRICKLE = "select range as r from range(100000000000) where range < 30000 or ran
 
 
 def test_the_deadline_mid_stream_is_the_time_limit_error_in_the_cli(seed_store):
-    run = subprocess.run(
-        [sys.executable, "-m", "service.cli", "query", TRICKLE, "--results", seed_store, "--timeout", "3"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    run = cli_query(TRICKLE, "--results", seed_store, "--timeout", "3")
     assert run.returncode == 2, run.stderr[-2000:]
     assert run.stderr.strip() == "error: query exceeded the time limit of 3 s", run.stderr[-2000:]
 

@@ -112,7 +112,7 @@ def test_progress_lines_show_samples_where_a_workload_gives_no_tokens():
     assert "ktok/s" in progress_line(seed_rows()[1] | {"samples_per_s": 1.0}, 1, 2)
 
 
-def hooked(speedup: float, cv: float, seed: int = 1) -> pd.DataFrame:
+def hooked(root: Path, speedup: float, cv: float, seed: int = 1) -> pd.DataFrame:
     """The seed's gas-1 cells, plus the 25 MB cell again with a PowerSGD hook `speedup` times faster."""
     from results.store import load
 
@@ -125,22 +125,24 @@ def hooked(speedup: float, cv: float, seed: int = 1) -> pd.DataFrame:
         "grad_compression": "powersgd-rank-1",
         "step_ms": base["step_ms"] / speedup,
     }
-    store = Store.open(str(Path(__import__("tempfile").mkdtemp())))
+    store = Store.open(str(root))
     for r in noisy([*gas1, lossy], cv=cv, repeats=3, seed=seed):
         store.write_row(r)
     return load(store.uri)
 
 
-def test_a_compressing_hook_is_never_recommended_over_an_exact_one_it_cannot_be_told_from():
-    (rec,) = recommend(hooked(speedup=1.01, cv=0.01))  # significant over the defaults, not over the exact best
+def test_a_compressing_hook_is_never_recommended_over_an_exact_one_it_cannot_be_told_from(tmp_path):
+    (rec,) = recommend(
+        hooked(tmp_path, speedup=1.01, cv=0.01)
+    )  # significant over the defaults, not over the exact best
     assert rec["best"]["comm_hook"] == "powersgd"  # measured fastest, by noise
     assert rec["recommended"]["comm_hook"] == "none" and rec["changes_numerics"] is False
     assert "changes the numerics" in rec["verdict"] and "cannot be told apart" in rec["verdict"]
     assert "register_comm_hook" not in rec["snippet"]
 
 
-def test_a_compressing_hook_clearly_faster_is_recommended_and_marked():
-    (rec,) = recommend(hooked(speedup=1.5, cv=0.01))
+def test_a_compressing_hook_clearly_faster_is_recommended_and_marked(tmp_path):
+    (rec,) = recommend(hooked(tmp_path, speedup=1.5, cv=0.01))
     assert rec["recommended"]["comm_hook"] == "powersgd" and rec["changes_numerics"] is True
     assert "changes the numerics" in rec["verdict"] and "check convergence" in rec["verdict"]
     assert "powerSGD.powerSGD_hook" in rec["snippet"] and "matrix_approximation_rank=1" in rec["snippet"]

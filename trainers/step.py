@@ -281,16 +281,15 @@ def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Calla
     gather = (lambda t: gather_max(t, device)) if distributed(cfg) else (lambda t: t)
     trace = rep.trace
     around = (trace.start_step, trace.end_step) if trace else (lambda: None, lambda: None)
-    with counting_all_reduce(trace):
+    with counting_all_reduce(trace):  # counts only inside traced steps; the gathers use all_gather
         own = time_steps(lambda: train_step(rep), cfg.timed_steps, sync, *around)
-    if cfg.target_rel_ci is None:
-        return gather(own), None
-    while True:
-        times = gather(own)
-        converged = median_rel_half_width(times) <= cfg.target_rel_ci
-        if converged or len(times) >= cfg.max_timed_steps or sum(times) / 1e3 >= cfg.max_cell_s:
-            return times, converged
-        with counting_all_reduce(trace):
+        if cfg.target_rel_ci is None:
+            return gather(own), None
+        while True:
+            times = gather(own)
+            converged = median_rel_half_width(times) <= cfg.target_rel_ci
+            if converged or len(times) >= cfg.max_timed_steps or sum(times) / 1e3 >= cfg.max_cell_s:
+                return times, converged
             n = min(cfg.timed_steps, cfg.max_timed_steps - len(own))
             own += time_steps(lambda: train_step(rep), n, sync, *around)
 
