@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from results.schema import OLDER_ROWS
-from results.uncertainty import cell_replicates, interval
+from results.uncertainty import cell_replicates, interval, t_factor
 
 # A measured configuration; repeats of it are aggregated (median) before any comparison.
 CONFIG_KEYS = [
@@ -80,8 +80,10 @@ def noisy_rows(rows: pd.DataFrame) -> pd.Series:
 
 
 def usable(rows: pd.DataFrame) -> pd.DataFrame:
-    """The rows decisions are made from: ok, replicas in sync, and not in a round whose control drifted."""
-    keep = (rows["status"] == "ok") & (rows["replicas_in_sync"] != False) & ~drifted_rounds(rows)  # noqa: E712
+    """The rows decisions are made from: ok and replicas in sync. A round whose control drifted stays (its flag
+    is a diagnostic): within a group, comparisons are round-blocked, so a slow round moves every cell together;
+    dropping it cost a third of a 3-round sweep's data and widened every interval by t(1)/z = 6.5x."""
+    keep = (rows["status"] == "ok") & (rows["replicas_in_sync"] != False)  # noqa: E712
     return with_knobs(rows[keep])
 
 
@@ -103,6 +105,7 @@ def ok_cells(rows: pd.DataFrame) -> pd.DataFrame:
         "n_repeats",
         "n_steps",
         "step_ms_reps",
+        "round_var_share",
         "tokens_per_s",
         "samples_per_s",
         "step_ms_cv",
@@ -194,13 +197,59 @@ def with_baseline(rows: pd.DataFrame, keep_reps: bool = False) -> pd.DataFrame:
     return out if keep_reps else out.drop(columns=["step_ms_reps", "baseline_reps"])
 
 
+def same_as(r: pd.Series, best: pd.Series) -> bool:
+    """`r` cannot be told apart from `best`: the 95% interval of their step ratio, computed replicate by
+    replicate (paired by round within a worker group), contains 1. Without replicates: overlapping intervals."""
+    if "step_ms_reps" in r and isinstance(r["step_ms_reps"], np.ndarray):
+        lo, hi = interval(r["step_ms_reps"] / best["step_ms_reps"])
+        if np.isfinite(lo):
+            return bool(lo <= 1 <= hi)
+    if pd.isna(best["step_ms_ci_lo"]) or pd.isna(r["step_ms_ci_lo"]):
+        return r.name == best.name
+    return bool(r["step_ms_ci_lo"] <= best["step_ms_ci_hi"] and r["step_ms_ci_hi"] >= best["step_ms_ci_lo"])
+
+
 def indistinguishable(grp: pd.DataFrame, best: pd.Series) -> list[float]:
-    """Buckets whose step-time interval overlaps the best bucket's: not distinguishable from it (just the
-    best where its interval is unknown)."""
-    if pd.isna(best["step_ms_ci_lo"]):
-        return [float(best["bucket_cap_mb"])]
-    same = grp[(grp["step_ms_ci_lo"] <= best["step_ms_ci_hi"]) & (grp["step_ms_ci_hi"] >= best["step_ms_ci_lo"])]
-    return sorted(float(b) for b in same["bucket_cap_mb"])
+    """Buckets that cannot be told apart from the best bucket (`same_as`): the best and those whose ratio to it
+    is not resolved."""
+    return sorted(float(r["bucket_cap_mb"]) for _, r in grp.iterrows() if r.name == best.name or same_as(r, best))
+
+
+TARGET_REL = 0.02  # the difference a sweep is asked to resolve unless told otherwise (rounds_for_target)
+MAX_ROUNDS_SHOWN = 100_000  # rounds_for_target beyond this reads as "more than"
+
+
+def resolution(grp: pd.DataFrame, best: pd.Series, target_rel: float = TARGET_REL) -> dict:
+    """What a curve's measurements can resolve: `min_resolvable_rel`, the half-width of the median 95% interval
+    of log(cell / best) over the curve's other cells, as a relative difference (0.18: differences under 18%
+    cannot be told apart here); `rounds_for_target`, the rounds that would bring it to `target_rel` (the
+    variance of a median of R rounds of T steps is s_round²/R + s_step²/(RT): both levels shrink as 1/R, the
+    t factor with them); and `round_var_share`, the part of that variance between rounds (near 1: more steps
+    per round would not help, more rounds would)."""
+    hws = []
+    for _, r in grp.iterrows():
+        if r.name != best.name and isinstance(r["step_ms_reps"], np.ndarray):
+            lo, hi = interval(np.log(r["step_ms_reps"] / best["step_ms_reps"]))
+            hws.append((hi - lo) / 2)
+    hws = [h for h in hws if np.isfinite(h)]
+    rounds = int(grp["n_repeats"].min())
+    if not hws:
+        return {"min_resolvable_rel": np.nan, "rounds_for_target": None, "round_var_share": np.nan}
+    hw = float(np.median(hws))
+    return {
+        "min_resolvable_rel": float(np.expm1(hw)),
+        "rounds_for_target": rounds_for(hw, rounds, target_rel),
+        "round_var_share": float(np.nanmedian(grp["round_var_share"])) if "round_var_share" in grp else np.nan,
+    }
+
+
+def rounds_for(half_width: float, rounds: int, target_rel: float) -> int:
+    """Rounds at which a log-ratio half-width measured over `rounds` rounds reaches log(1 + target_rel)."""
+    goal = float(np.log1p(target_rel))
+    r = max(rounds, 1)
+    while half_width * np.sqrt(rounds / r) * t_factor(r) / t_factor(rounds) > goal and r < MAX_ROUNDS_SHOWN:
+        r = max(r + 1, int(r * 1.05))
+    return r
 
 
 def u_curve(rows: pd.DataFrame) -> pd.DataFrame:
@@ -214,21 +263,25 @@ def u_curve(rows: pd.DataFrame) -> pd.DataFrame:
         largest = grp.loc[grp["bucket_cap_mb"].idxmax()]
         saved = interval(largest["step_ms_reps"] - best["step_ms_reps"])
         single = interval(largest["step_ms_reps"] - largest["baseline_reps"])
-        line = dict(zip(CURVE_KEYS, key, strict=True)) | {
-            "buckets": len(grp),
-            "best_bucket_cap_mb": best["bucket_cap_mb"],
-            "indistinguishable_buckets_mb": indistinguishable(grp, best),
-            "largest_bucket_cap_mb": largest["bucket_cap_mb"],
-            "largest_bucket_step_ms": largest["step_ms"],
-            "overlap_saved_ms": largest["step_ms"] - best["step_ms"],
-            "overlap_saved_ms_ci_lo": saved[0],
-            "overlap_saved_ms_ci_hi": saved[1],
-            "baseline_step_ms": best["baseline_step_ms"],
-            "single_bucket_overhead_ms": largest["step_ms"] - largest["baseline_step_ms"],
-            "single_bucket_overhead_ms_ci_lo": single[0],
-            "single_bucket_overhead_ms_ci_hi": single[1],
-            "n_repeats": int(grp["n_repeats"].min()),
-        }
+        line = (
+            dict(zip(CURVE_KEYS, key, strict=True))
+            | {
+                "buckets": len(grp),
+                "best_bucket_cap_mb": best["bucket_cap_mb"],
+                "indistinguishable_buckets_mb": indistinguishable(grp, best),
+                "largest_bucket_cap_mb": largest["bucket_cap_mb"],
+                "largest_bucket_step_ms": largest["step_ms"],
+                "overlap_saved_ms": largest["step_ms"] - best["step_ms"],
+                "overlap_saved_ms_ci_lo": saved[0],
+                "overlap_saved_ms_ci_hi": saved[1],
+                "baseline_step_ms": best["baseline_step_ms"],
+                "single_bucket_overhead_ms": largest["step_ms"] - largest["baseline_step_ms"],
+                "single_bucket_overhead_ms_ci_lo": single[0],
+                "single_bucket_overhead_ms_ci_hi": single[1],
+                "n_repeats": int(grp["n_repeats"].min()),
+            }
+            | resolution(grp, best)
+        )
         for name in ("step_ms", "efficiency"):
             for suffix in ("", "_ci_lo", "_ci_hi"):
                 line[f"best_{name}{suffix}"] = best[f"{name}{suffix}"]

@@ -10,7 +10,7 @@ The sandbox has several independent walls, so that one hole is not an escape:
   4. error messages are scrubbed of the server's paths (working directory, home, store root).
 
 Views: `cells` (every row, with its configuration's 95% interval: step_ms_ci_lo/hi, n_repeats,
-n_steps; and its flags: `round_drifted` — its round's control moved, left out of decisions — and
+n_steps; and its flags: `round_drifted` — its round's control moved (a diagnostic, kept) — and
 `noisy` — its CV far above its group's), `cell_intervals` (one line per configuration),
 `cells_vs_baseline` (distributed cells beside their single baseline, with efficiency and exposed
 communication and their intervals), `u_curve` (best bucket per curve and the buckets indistinguishable

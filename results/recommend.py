@@ -51,7 +51,7 @@ def _curve(curve: dict, grp: pd.DataFrame, env: dict[str, str]) -> dict:
         "default": None if default is None else _config(default) | _timing(default),
         "default_note": default_note,
     }
-    out |= _gain(best, default)
+    out |= _gain(best, default) | _resolution(grp, best)
     out["verdict"], out["recommended"] = _verdict(out, best, default)
     out["verdict"], out["recommended"] = _exact_unless_separated(out, grp, best)
     out["changes_numerics"] = out["recommended"]["comm_hook"] != "none"
@@ -131,10 +131,25 @@ def _verdict(out: dict, best: pd.Series, default: pd.Series | None) -> tuple[str
         )
         text = (
             f"The intervals cannot separate the best configuration ({_describe(cfg)}) from the defaults{shown}: "
-            "keep the defaults, or measure more rounds"
+            f"keep the defaults, or measure more rounds{_more_rounds(out)}"
         )
         return text, _config(default)
     return f"use {_describe(cfg)}: {_gain_text(g)} throughput over the defaults", cfg
+
+
+def _resolution(grp: pd.DataFrame, best: pd.Series) -> dict:
+    res = analysis.resolution(grp, best)
+    return {"min_resolvable_rel": _num(res["min_resolvable_rel"]), "rounds_for_target": res["rounds_for_target"]}
+
+
+def _more_rounds(out: dict) -> str:
+    if out["min_resolvable_rel"] is None:
+        return ""
+    target = f"{analysis.TARGET_REL:.0%}"
+    return (
+        f" (this sweep resolves differences of {out['min_resolvable_rel']:.1%} and more; "
+        f"about {out['rounds_for_target']} rounds would resolve {target})"
+    )
 
 
 def _gain_text(g: dict) -> str:
@@ -202,9 +217,8 @@ def _envs(rows: pd.DataFrame) -> dict[tuple[str, str], dict[str, str]]:
 
 
 def _overlaps(r: pd.Series, best: pd.Series) -> bool:
-    if pd.isna(best["step_ms_ci_lo"]) or pd.isna(r["step_ms_ci_lo"]):
-        return _config(r) == _config(best)
-    return r["step_ms_ci_lo"] <= best["step_ms_ci_hi"] and r["step_ms_ci_hi"] >= best["step_ms_ci_lo"]
+    """`r` cannot be told apart from `best` (their ratio's interval, paired by round within a group, holds 1)."""
+    return r.name == best.name or analysis.same_as(r, best)
 
 
 def _config(r: pd.Series) -> dict:

@@ -218,7 +218,9 @@ def render_html(
     curve = analysis.u_curve(rows)
     parts.append(
         "<p>Every figure is a median with its 95% interval [lo, hi]: a hierarchical bootstrap over "
-        "repeats and steps; derived figures computed on each bootstrap replicate.</p>"
+        "repeats and steps; derived figures computed on each bootstrap replicate, paired by round between the "
+        "cells of one worker group. min_resolvable_rel: differences under it cannot be told apart by this "
+        f"sweep; rounds_for_target: the rounds that would resolve {analysis.TARGET_REL:.0%}.</p>"
     )
     if not curve.empty:
         curve = curve.assign(
@@ -243,6 +245,8 @@ def render_html(
                 "overlap_saved_ms",
                 "baseline_step_ms",
                 "n_repeats",
+                "min_resolvable_rel",
+                "rounds_for_target",
             ],
         ),
     ]

@@ -69,6 +69,10 @@ PLACEMENT = [
     pa.field("group_setup_s", pa.float64()),  # launch -> workers ready for the first cell (worker-group start)
     pa.field("control_step_ms", pa.float64()),  # this round's control probe (the group's first cell, short): median
     pa.field("control_rel_ci", pa.float64()),  # its own noise: half-width of its median's 95% interval, relative
+    pa.field("search", pa.string()),  # grid | race (results.racing)
+    pa.field("eliminated_at_round", pa.int32()),  # race: the round after which this cell was measured no more
+    pa.field("target_rel", pa.float64()),  # repeats: auto — the difference its rounds aimed to resolve
+    pa.field("injected_slowdown", pa.float64()),  # benchmarks only (DDPSWEEP_SLOWDOWN): planted fraction
 ]
 
 # What the worker measured: exactly trainers.config.Measurement's fields, plus the trial's wall time.
@@ -134,6 +138,7 @@ OLDER_ROWS = {
     "broadcast_buffers": True,
     "env_grid": "{}",
     "grad_compression": "none",
+    "search": "grid",
 }
 
 

@@ -55,7 +55,7 @@ def run(
     try:
         plan = runner.plan_sweep(load_spec(spec), results=results, cluster=cluster, resume=resume, sweep_id=sweep_id)
         if dry_run:
-            typer.echo(cells_table(plan.cells, plan.spec.repeats, plan.spec.isolation))  # the grid first, always
+            typer.echo(cells_table(plan.cells, plan.spec.rounds, plan.spec.isolation))  # the grid first, always
             if not address and not os.environ.get("RAY_ADDRESS"):
                 _dry_run_here(runner, plan)  # then: could this machine's embedded Ray run it?
             return

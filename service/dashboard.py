@@ -270,6 +270,8 @@ def sweep_page(cache: CachedStore, cluster: str, sweep: str) -> str:
                 "best_step_ms_ci_lo",
                 "best_step_ms_ci_hi",
                 "best_efficiency",
+                "min_resolvable_rel",
+                "rounds_for_target",
             ],
             "best",
         ),

@@ -20,14 +20,14 @@ TRAIN_ENV = {
 }
 
 
-def build_trainer(group: Group, opts: TrialOptions, outbox: Queue) -> TorchTrainer:
+def build_trainer(group: Group, opts: TrialOptions, outbox: Queue, inbox: Queue | None = None) -> TorchTrainer:
     cell = group.first
     resources = {"CPU": opts.cpus_per_worker} | ({"GPU": 1} if opts.use_gpu else {})
     threads = max(1, int(opts.cpus_per_worker))
     env = dict(opts.env) | cell.env_vars  # the spec's env, then this group's env_grid combination
     return TorchTrainer(
         train_fn_per_worker,
-        train_loop_config={"group": group.to_dict(), "threads": threads, "outbox": outbox},
+        train_loop_config={"group": group.to_dict(), "threads": threads, "outbox": outbox, "inbox": inbox},
         scaling_config=ScalingConfig(
             num_workers=cell.world_size,
             use_gpu=opts.use_gpu,
@@ -44,7 +44,8 @@ def build_trainer(group: Group, opts: TrialOptions, outbox: Queue) -> TorchTrain
     )
 
 
-def fit_group(group: Group, opts: TrialOptions, outbox: Queue) -> None:
-    """Run the group on a fresh worker group; rows travel through `outbox`, nothing is returned."""
+def fit_group(group: Group, opts: TrialOptions, outbox: Queue, inbox: Queue | None = None) -> None:
+    """Run the group on a fresh worker group; rows travel through `outbox` (rounds through `inbox` when the
+    trial decides them), nothing is returned."""
     os.environ.update(TRAIN_ENV)
-    build_trainer(group, opts, outbox).fit()
+    build_trainer(group, opts, outbox, inbox).fit()

@@ -246,6 +246,7 @@ class Group:
     slots: tuple[Slot, ...]
     calibrate: bool = False  # an all-reduce sweep on the group's ranks before its first cell
     shape: Cell | None = None  # the cell that shapes the worker group (default: the first slot's)
+    rule: dict | None = None  # results.racing.Rule as a dict: the trial decides each next round (None: as planned)
 
     @property
     def first(self) -> Cell:
@@ -269,6 +270,7 @@ class Group:
             "slots": slots,
             "calibrate": self.calibrate,
             "shape": self.first.to_dict(),
+            "rule": self.rule,
         }
 
     @classmethod
@@ -285,6 +287,7 @@ class Group:
             slots=slots,
             calibrate=data.get("calibrate", False),
             shape=shape,
+            rule=data.get("rule"),
         )
 
 

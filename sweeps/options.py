@@ -8,6 +8,10 @@ from dataclasses import dataclass
 
 from sweeps.grid import Cell
 
+# Benchmarks only: "<cell_id>=<fraction>,…" in the driver's environment slows those cells' timed steps by that
+# fraction (sweeps.worker.injected_slowdown); specs cannot set it (their env takes NCCL_/GLOO_ names only).
+SLOWDOWN_ENV = "DDPSWEEP_SLOWDOWN"
+
 
 @dataclass(frozen=True, kw_only=True)
 class TrialOptions:

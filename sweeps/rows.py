@@ -26,6 +26,8 @@ class RowContext:
     order_seed: int
     group_started_at: datetime
     group_setup_s: float | None = None  # known once the workers announce their first cell
+    search: str = "grid"  # grid | race (results.racing)
+    target_rel: float | None = None  # repeats: auto — the difference its rounds aim to resolve
 
 
 def now() -> datetime:
@@ -85,6 +87,9 @@ def build_row(
         "order_seed": ctx.order_seed,
         "group_started_at": ctx.group_started_at,
         "group_setup_s": ctx.group_setup_s,
+        "search": ctx.search,
+        "target_rel": ctx.target_rel,
+        "eliminated_at_round": None,  # set by the trial's round planner on the rows of a dropped cell's last round
     }
     if done is not None:
         row |= done.get("fingerprint", {}) | {k: done.get(k) for k in ("hosts", "rank_nodes", "network")}

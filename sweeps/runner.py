@@ -11,10 +11,11 @@ import logging
 import os
 import secrets
 import shutil
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 
 import ray
@@ -23,10 +24,11 @@ from ray import tune
 from results import compaction
 from results.errors import StoreFull, StoreNotFound
 from results.lease import LeaseHeld, lease
+from results.racing import Rule
 from results.store import Store, require_label
 from sweeps import machine, preflight
 from sweeps.grid import Cell, Group, calibration_groups, expand, plan_groups
-from sweeps.options import TrialOptions
+from sweeps.options import SLOWDOWN_ENV, TrialOptions
 from sweeps.rows import build_row, now
 from sweeps.session import ray_session
 from sweeps.spec import BF16_ON_CPU, SpecError, SweepSpec, new_sweep_id
@@ -51,14 +53,30 @@ class SweepPlan:
 
     @property
     def planned(self) -> int:
-        return 0 if self.calibrate_only else len(self.cells) * self.spec.repeats
+        return 0 if self.calibrate_only else len(self.cells) * self.spec.rounds
 
     def groups(self) -> list[Group]:
         """The pending pairs as worker groups (re-formed from what is missing on --resume)."""
         if self.calibrate_only:
             return calibration_groups(self.cells, sweep_id=self.sweep_id)
-        return plan_groups(
-            self.todo, sweep_id=self.sweep_id, isolation=self.spec.isolation, calibrate=self.spec.calibrate
+        spec = self.spec
+        groups = plan_groups(self.todo, sweep_id=self.sweep_id, isolation=spec.isolation, calibrate=spec.calibrate)
+        if not spec.decides:
+            return groups
+        return [replace(g, rule=asdict(self.rule())) for g in groups]
+
+    def rule(self) -> Rule:
+        """How the groups decide between rounds; max_sweep_s counts from now (the sweep's start)."""
+        s = self.spec
+        deadline = None if s.max_sweep_s is None else time.time() + s.max_sweep_s
+        return Rule(
+            race=s.search == "race",
+            auto=s.repeats == "auto",
+            min_rounds=s.min_rounds,
+            max_rounds=s.rounds,
+            tolerance=s.tolerance,
+            target_rel=s.target_rel,
+            deadline=deadline,
         )
 
 
@@ -92,7 +110,7 @@ def plan_sweep(
         plan = SweepPlan(spec, require_label("--resume", resume), cluster, store, cells, [], resumed=True)
     # a generated id is new by construction: a dry run never touches the store (it may be unreachable from here)
     fresh = resume is None and sweep_id is None
-    plan.todo = [(c, r) for c in cells for r in range(spec.repeats)] if fresh else pending(plan)
+    plan.todo = [(c, r) for c in cells for r in range(spec.rounds)] if fresh else pending(plan)
     return plan
 
 
@@ -100,7 +118,7 @@ def pending(plan: SweepPlan) -> list[tuple[Cell, int]]:
     """The (cell, repeat) pairs still to measure: every pair of a new sweep (whose id must be unused), the
     pairs without an ok row of a resumed one (whose grid must be the one it was started with)."""
     store, cluster, sweep_id = plan.store, plan.cluster, plan.sweep_id
-    pairs = [(c, r) for c in plan.cells for r in range(plan.spec.repeats)]
+    pairs = [(c, r) for c in plan.cells for r in range(plan.spec.rounds)]
     if not plan.resumed:
         if store.read_manifest(cluster, sweep_id) or sweep_id in store.labels().get(cluster, []):
             raise SpecError(
@@ -115,8 +133,10 @@ def pending(plan: SweepPlan) -> list[tuple[Cell, int]]:
         raise SpecError("--resume", sweep_id, f"a sweep id under cluster={cluster} in {store.uri}")
     if sorted(manifest["cells"]) != sorted(c.cell_id for c in plan.cells):
         raise SpecError("--resume", sweep_id, "the same spec the sweep was started with (its grid differs)")
-    done = {(r["cell_id"], r["repeat"]) for r in store.read_table(cluster, sweep_id).to_pylist() if r["status"] == "ok"}
-    return [(c, r) for c, r in pairs if (c.cell_id, r) not in done]
+    stored = store.read_table(cluster, sweep_id).to_pylist()
+    done = {(r["cell_id"], r["repeat"]) for r in stored if r["status"] == "ok"}
+    dropped = {r["cell_id"] for r in stored if r.get("eliminated_at_round") is not None}  # a race's decision stands
+    return [(c, r) for c, r in pairs if (c.cell_id, r) not in done and c.cell_id not in dropped]
 
 
 CLAIM = "_claim.lock"  # in the sweep's folder: held by the one run measuring it (results.lease)
@@ -232,9 +252,15 @@ def resolve_options(plan: SweepPlan, res: preflight.ClusterResources, storage_pa
         placement=spec.placement,
         collective_timeout_s=spec.collective_timeout_s,
         cell_timeout_s=spec.cell_timeout_s,
-        env={k: str(v) for k, v in spec.env.items()},
+        env={k: str(v) for k, v in spec.env.items()} | planted_slowdown(),
         storage_path=storage_path,
     )
+
+
+def planted_slowdown() -> dict[str, str]:
+    """The driver's DDPSWEEP_SLOWDOWN, passed on to the workers (rows record it as `injected_slowdown`)."""
+    value = os.environ.get(SLOWDOWN_ENV)
+    return {SLOWDOWN_ENV: value} if value else {}
 
 
 def check_local(plan: SweepPlan) -> None:

@@ -110,8 +110,23 @@ class SweepSpec:
     """A cell running longer than this becomes an error row."""
     max_concurrent_trials: int = 1
     """Cells measured at once (1: cells never contend for the same links)."""
-    repeats: int = 1
-    """Rounds: each measures every cell once, in a shuffled order, so between-run noise is visible."""
+    repeats: int | str = 1
+    """Rounds: each measures every cell once, in a shuffled order, so between-run noise is visible. `auto`:
+    a group adds rounds until each curve is resolved (its cells told apart from the best, or within
+    ±target_rel of it), or max_rounds / max_sweep_s is reached."""
+    max_rounds: int = 10
+    """`repeats: auto`: at most this many rounds."""
+    target_rel: float = 0.02
+    """`repeats: auto`: differences smaller than this fraction count as equal."""
+    max_sweep_s: float | None = None
+    """`repeats: auto`: no group starts a new round once the sweep has run this long (s)."""
+    search: str = "grid"
+    """`grid`: every cell in every round; `race`: from min_rounds on, a cell shown slower than its curve's
+    leader by more than `tolerance` is measured no more (results/racing.py)."""
+    min_rounds: int = 3
+    """`search: race` / `repeats: auto`: rounds before the first decision."""
+    tolerance: float = 0.02
+    """`search: race`: a cell is dropped only when shown slower than the leader by more than this fraction."""
     trace_comm: bool = False
     """Record every DDP bucket's all-reduce launch and completion in the timed steps (comm_ms,
     comm_exposed_ms, comm_overlap_frac, comm_timeline_ms); off by default."""
@@ -128,6 +143,16 @@ class SweepSpec:
 
     def __post_init__(self) -> None:
         _validate(self)
+
+    @property
+    def rounds(self) -> int:
+        """Rounds planned: `repeats`, or max_rounds under `repeats: auto`."""
+        return self.max_rounds if self.repeats == "auto" else self.repeats
+
+    @property
+    def decides(self) -> bool:
+        """The trial decides each next round (racing or automatic rounds)."""
+        return self.search == "race" or self.repeats == "auto"
 
     def placements(self) -> list[tuple[int, int]]:
         """The grid's (world size, nodes) pairs, in the spec's order: its topologies, else workers x nodes
@@ -205,7 +230,8 @@ SCALARS = {
     "collective_timeout_s": "num>0",
     "cell_timeout_s": "num>0",
     "max_concurrent_trials": "int>=1",
-    "repeats": "int>=1",
+    "max_rounds": "int>=1",
+    "min_rounds": "int>=1",
     "results": "str",
     "powersgd_start_iter": "int>=1",
 }
@@ -234,7 +260,8 @@ RANGES = {
     "collective_timeout_s": (1, 86_400),
     "cell_timeout_s": (1, 7 * 86_400),
     "max_concurrent_trials": (1, 1_024),
-    "repeats": (1, 1_000),
+    "max_rounds": (1, 1_000),
+    "min_rounds": (1, 1_000),
     "cpus_per_worker": (0.001, 1_024),
     "workers": (1, 65_536),
     "nodes": (1, 4_096),
@@ -261,10 +288,10 @@ def _check_grid_size(spec: SweepSpec) -> None:
     axes += [spec.powersgd_rank, spec.first_bucket_mb, spec.static_graph, spec.broadcast_buffers]
     axes += list(spec.env_grid.values()) if isinstance(spec.env_grid, dict) else []
     places = len(spec.workers) * len(spec.nodes) if spec.topology is None else len(spec.topology)
-    upper = places * math.prod(len(a) for a in axes) * spec.repeats
+    upper = places * math.prod(len(a) for a in axes) * spec.rounds
     if upper > MAX_MEASUREMENTS:
         raise _fail(
-            "repeats" if spec.repeats > 1 else "bucket_cap_mb",
+            "repeats" if spec.rounds > 1 else "bucket_cap_mb",
             f"{upper} measurements",
             f"at most {MAX_MEASUREMENTS} measurements (cells x repeats) per sweep: fewer axis values or "
             "repeats, or split the study into several sweeps",
@@ -283,6 +310,7 @@ def _validate(spec: SweepSpec) -> None:
         raise _fail("target_rel_ci", spec.target_rel_ci, "a fraction in (0, 1), e.g. 0.02 for ±2%")
     if _is_int(spec.timed_steps) and spec.timed_steps > 1_000_000:
         raise _fail("timed_steps", spec.timed_steps, "at most 1000000, or auto")
+    _validate_rounds(spec)
     for name, kind in LISTS.items():
         _check_list(name, getattr(spec, name), kind)
         if name in RANGES:
@@ -312,6 +340,22 @@ def _validate(spec: SweepSpec) -> None:
         _validate_nodes(spec)
     if spec.backend == "nccl" and spec.use_gpu is False:
         raise _fail("backend", "nccl", "gloo or auto when use_gpu is false (NCCL needs GPUs)")
+
+
+def _validate_rounds(spec: SweepSpec) -> None:
+    """repeats (an integer or auto) and the decision settings: racing and automatic rounds."""
+    if spec.repeats != "auto" and not (_is_int(spec.repeats) and 1 <= spec.repeats <= 1_000):
+        raise _fail("repeats", spec.repeats, "an integer in [1, 1000], or auto (rounds until resolved)")
+    _check_choice("search", spec.search, ("grid", "race"))
+    for name in ("target_rel", "tolerance"):
+        if not (_is_num(getattr(spec, name)) and 0 < getattr(spec, name) < 1):
+            raise _fail(name, getattr(spec, name), "a fraction in (0, 1), e.g. 0.02 for 2%")
+    if spec.max_sweep_s is not None and not (_is_num(spec.max_sweep_s) and 0 < spec.max_sweep_s <= 30 * 86_400):
+        raise _fail("max_sweep_s", spec.max_sweep_s, "seconds in (0, 2592000], or null (no limit)")
+    if spec.decides and spec.min_rounds > spec.rounds:
+        raise _fail("min_rounds", spec.min_rounds, f"at most the rounds planned ({spec.rounds})")
+    if spec.decides and spec.isolation != "group":
+        raise _fail("isolation", spec.isolation, "group with search: race or repeats: auto (a group decides)")
 
 
 def _validate_workload(spec: SweepSpec) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from results import analysis
+from results import analysis, racing
 from results.uncertainty import rel_width
 
 WIDE_REL = 0.04  # an interval wider than ±2% of its median is listed as noisy
@@ -46,13 +46,28 @@ def _curve_line(grp: pd.DataFrame, best: pd.Series, same: list[float]) -> str:
     if pd.notna(best["efficiency"]):
         lo, hi = best["efficiency_ci_lo"], best["efficiency_ci_hi"]
         eff = f"{best['efficiency']:.1%}" + ("" if pd.isna(lo) else f" [{lo:.1%}, {hi:.1%}]")
-    return f"step ms {curve} | {bucket}; efficiency {eff} (baseline {best['baseline_step_ms']:.1f} ms)"
+    return f"step ms {curve} | {bucket}; efficiency {eff} (baseline {best['baseline_step_ms']:.1f} ms)" + _resolves(
+        grp, best
+    )
+
+
+def _resolves(grp: pd.DataFrame, best: pd.Series) -> str:
+    """What the curve's measurements can tell apart, and what 2% would take."""
+    res = analysis.resolution(grp, best)
+    if pd.isna(res["min_resolvable_rel"]):
+        return ""
+    need = res["rounds_for_target"]
+    more = "more than " if need >= analysis.MAX_ROUNDS_SHOWN else ""
+    return (
+        f"; resolves differences of {res['min_resolvable_rel']:.1%} and more "
+        f"({analysis.TARGET_REL:.0%} would take {more}{need} rounds)"
+    )
 
 
 def summary_text(rows: pd.DataFrame) -> str:
     """Per (workers, nodes, gas, no_sync): step_ms by bucket with intervals, the best bucket and the ones
     indistinguishable from it, efficiency vs the baseline; then the cells whose interval is wide."""
-    table = analysis.with_baseline(rows)
+    table = analysis.with_baseline(rows, keep_reps=True)
     if table.empty:
         return "no distributed cell measured ok"
     lines = ["step times: median ms [95% interval over repeats and steps]"]
@@ -62,7 +77,38 @@ def summary_text(rows: pd.DataFrame) -> str:
         same = analysis.indistinguishable(grp, best) if pd.notna(best["bucket_cap_mb"]) else []
         where = f"workers={w}" + (f" topology={n}x{w // n}" if n > 1 or table["num_nodes"].nunique() > 1 else "")
         lines.append(f"{mode} {where} gas={g} no_sync={str(bool(ns)).lower()}: " + _curve_line(grp, best, same))
-    return "\n".join(lines + _flag_lines(rows) + _noise_lines(rows))
+    return "\n".join(lines + _decision_lines(rows) + _flag_lines(rows) + _noise_lines(rows))
+
+
+def _decision_lines(rows: pd.DataFrame) -> list[str]:
+    """What the race dropped, and whether each automatic-rounds curve was resolved or ran out of budget."""
+    ok = rows[rows["status"] == "ok"]
+    out = []
+    if "search" in ok and (ok["search"] == "race").any():
+        race = ok[ok["search"] == "race"]
+        dropped = race.dropna(subset=["eliminated_at_round"]).drop_duplicates("cell_id")
+        names = ", ".join(f"{_cell(r)} after round {int(r.eliminated_at_round) + 1}" for r in dropped.itertuples())
+        out.append(
+            f"race: {len(dropped)} of {race['cell_id'].nunique()} cell(s) dropped as slower than their curve's "
+            f"leader{': ' + names if names else ''}; {len(race)} measurements"
+        )
+    auto = ok[ok["target_rel"].notna()] if "target_rel" in ok else ok.iloc[:0]
+    alive = auto[~auto["cell_id"].isin(auto.dropna(subset=["eliminated_at_round"])["cell_id"])]
+    groups = alive[alive["mode"] != "single"].groupby("group_id")
+    for curve in (c for _, grp in groups for c in racing.curves(grp)):
+        rule = racing.Rule(auto=True, target_rel=float(curve["target_rel"].iloc[0]))
+        first = curve.iloc[0]
+        what = f"workers={first['world_size']} gas={first['gas']} no_sync={str(bool(first['no_sync'])).lower()}"
+        rounds = int(curve["round"].max()) + 1
+        if racing.resolved(curve, rule):
+            out.append(f"rounds auto, {what}: resolved after {rounds} rounds (target ±{rule.target_rel:.0%})")
+        else:
+            out.append(f"rounds auto, {what}: not resolved after {rounds} rounds (max_rounds or max_sweep_s ended it)")
+    return out
+
+
+def _cell(r) -> str:
+    return f"{r.mode} {r.num_nodes}x{r.world_size // r.num_nodes} bucket={r.bucket_cap_mb:g} gas={r.gas}"
 
 
 def _flag_lines(rows: pd.DataFrame) -> list[str]:
@@ -74,7 +120,7 @@ def _flag_lines(rows: pd.DataFrame) -> list[str]:
         )
         out.append(
             f"drift: {int(drifted.sum())} measurement(s) in {len(rounds)} round(s) whose control moved "
-            f"beyond its noise are left out of the figures above: {rounds}"
+            f"beyond its noise (kept: comparisons within a group are round-blocked): {rounds}"
         )
     insync = rows["replicas_in_sync"] == False  # noqa: E712
     if insync.any():

@@ -25,8 +25,10 @@ from ray.exceptions import RayError, RayTaskError
 from ray.util.queue import Queue
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from results.racing import Rule
 from sweeps.grid import Cell, Group, Slot
 from sweeps.options import TrialOptions, placement_for
+from sweeps.rounds import RoundPlanner
 from sweeps.rows import RowContext, build_row, now
 
 POLL_S = 0.1  # how often the trial looks at the outbox and the fit (never inside a measurement)
@@ -45,50 +47,64 @@ def row_context(group: Group, opts: TrialOptions, started: datetime) -> RowConte
         group_id=group.group_id,
         order_seed=group.order_seed,
         group_started_at=started,
+        search="race" if group.rule and group.rule["race"] else "grid",
+        target_rel=group.rule["target_rel"] if group.rule and group.rule["auto"] else None,
     )
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def fit_task(group: dict, opts: dict, outbox: Queue) -> None:
+def fit_task(group: dict, opts: dict, outbox: Queue, inbox: Queue | None) -> None:
     """Fit the group's TorchTrainer in a task of its own, so a timeout can kill it with everything it owns."""
     from sweeps.fit import fit_group  # torch and Ray Train load here, in the fit's process, not in the trial's
 
-    fit_group(Group.from_dict(group), TrialOptions(**opts), outbox)
+    fit_group(Group.from_dict(group), TrialOptions(**opts), outbox, inbox)
 
 
 class GroupRun:
-    """One attempt at a group: launch the fit, follow the outbox, enforce cell_timeout_s."""
+    """One attempt at a group: launch the fit, follow the outbox, enforce cell_timeout_s; with a planner, send
+    the group its rounds through the inbox."""
 
-    def __init__(self, group: Group, opts: TrialOptions) -> None:
-        self.group, self.opts = group, opts
+    def __init__(self, group: Group, opts: TrialOptions, planner: RoundPlanner | None = None) -> None:
+        self.group, self.opts, self.planner = group, opts, planner
         self.slots = {(s.cell.cell_id, s.repeat): s for s in group.slots}
         self.ctx = row_context(group, opts, now())
         self.t0 = time.perf_counter()
         self.running: tuple[Slot, datetime, float] | None = None
         self.deadline = self.t0 + opts.cell_timeout_s  # the worker group's start counts toward the first cell
         self.outbox = Queue(actor_options={"num_cpus": 0})
+        self.inbox = None if planner is None else Queue(actor_options={"num_cpus": 0})
+        for keys in planner.first_rounds() if planner else []:
+            self.inbox.put(keys)
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-        self.ref = fit_task.options(scheduling_strategy=here).remote(group.to_dict(), asdict(opts), self.outbox)
+        self.ref = fit_task.options(scheduling_strategy=here).remote(
+            group.to_dict(), asdict(opts), self.outbox, self.inbox
+        )
 
-    def _on_message(self, msg: dict) -> dict | None:
+    def _on_message(self, msg: dict) -> list[dict]:
         if msg["kind"] == "calibration":
-            return {"calibration": calibration_rows(msg, self.ctx, self.group.first)}
+            return [{"calibration": calibration_rows(msg, self.ctx, self.group.first)}]
         slot = self.slots[tuple(msg["key"])]
         t = time.perf_counter()
         if msg["kind"] == "start":
             if self.ctx.group_setup_s is None:
                 self.ctx = replace(self.ctx, group_setup_s=t - self.t0)
             self.running, self.deadline = (slot, now(), t), t + self.opts.cell_timeout_s
-            return None
+            return []
         self.running = None
         started = datetime.fromisoformat(msg["started_at"])
-        return build_row(slot, self.ctx, started=started, wall_s=msg["wall_s"], done=msg)
+        row = build_row(slot, self.ctx, started=started, wall_s=msg["wall_s"], done=msg)
+        if self.planner is None:
+            return [row]
+        rows, messages = self.planner.on_row(row)
+        for keys in messages:
+            self.inbox.put(keys)
+        if messages:  # the worker group is idle until its next round: that wait is not the next cell's
+            self.deadline = time.perf_counter() + self.opts.cell_timeout_s
+        return rows
 
     def _drain(self) -> Iterator[dict]:
         for msg in self.outbox.get_nowait_batch(self.outbox.qsize()):
-            row = self._on_message(msg)
-            if row is not None:
-                yield row
+            yield from self._on_message(msg)
 
     def follow(self) -> Generator[dict, None, str | None]:
         """Yield rows as cells end; return None when the fit ended cleanly, else why it failed."""
@@ -103,6 +119,8 @@ class GroupRun:
                     return f"cell exceeded cell_timeout_s={self.opts.cell_timeout_s:g} s"
         finally:
             ray.kill(self.outbox.actor)
+            if self.inbox is not None:
+                ray.kill(self.inbox.actor)
 
     def failed_row(self, message: str) -> dict | None:
         """The error row of the cell that was running when the group failed (if one was)."""
@@ -157,20 +175,37 @@ def run_group(group: Group, opts: TrialOptions) -> Iterator[dict]:
     written: set[tuple[str, int]] = set()
     current: Group | None = group
     why: str | None = None
+    planner: RoundPlanner | None = None
     for _attempt in range(2):
-        run = GroupRun(current, opts)
+        if group.rule is not None:
+            planner = RoundPlanner(current, Rule(**group.rule), before=planner)
+        run = GroupRun(current, opts, planner)
         why = yield from _each(run.follow(), written)
+        yield from _each_of(planner.flush() if planner else [], written)
         failed = run.failed_row(why) if why else None
         if failed is not None:
             written.add((failed["cell_id"], failed["repeat"]))
             yield failed
-        current = group.rest_after(written)
+        current = _rest(group, written, planner)
         if current is None:
             return
         why = why or "the worker group ended before measuring it"
     ctx = row_context(current, opts, now())
     for slot in current.slots:
         yield build_row(slot, ctx, started=now(), wall_s=0.0, error=f"not measured: group failed twice ({why})")
+
+
+def _rest(group: Group, written: set[tuple[str, int]], planner: RoundPlanner | None) -> Group | None:
+    """What is left of the group to measure: every slot without a row, less what the decisions removed."""
+    if planner is None:
+        return group.rest_after(written)
+    return group.rest_after(written | planner.skipped((s.cell.cell_id, s.repeat) for s in group.slots))
+
+
+def _each_of(rows: list[dict], written: set) -> Iterator[dict]:
+    for row in rows:
+        written.add((row["cell_id"], row["repeat"]))
+        yield row
 
 
 def trial_fn(config: dict) -> None:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import json
 import os
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -24,6 +26,7 @@ import torch.distributed as dist
 
 from sweeps import fingerprint
 from sweeps.grid import Group, Slot
+from sweeps.options import SLOWDOWN_ENV
 from trainers.collectives import allreduce_sweep, broadcast_time, sizes_up_to
 from trainers.model import grad_bytes
 from trainers.stats import median_rel_half_width
@@ -85,17 +88,25 @@ def _agreed_error(mine: str | None) -> str | None:
     return next((f"rank {r}: {e}" for r, e in enumerate(every) if e), None)
 
 
+def injected_slowdown(cell_id: str) -> float:
+    """This cell's planted slowdown (SLOWDOWN_ENV, passed on by the driver: sweeps.runner.planted_slowdown)."""
+    entries = (e.split("=", 1) for e in os.environ.get(SLOWDOWN_ENV, "").split(",") if "=" in e)
+    return next((float(f) for c, f in entries if c.strip() == cell_id), 0.0)
+
+
 def _measure(slot: Slot, device: torch.device, threads: int, template) -> tuple[dict | None, str | None]:
     """One cell on this rank. An exception becomes this rank's error; the ranks then agree on the outcome."""
+    slowdown = injected_slowdown(slot.cell.cell_id)
     try:
         _injected_fault(slot.cell.cell_id)
-        measurement = run_cell(slot.cell.step, device, threads, template)
+        measurement = run_cell(slot.cell.step, device, threads, template, slowdown)
         error = None
     except Exception as e:  # noqa: BLE001 — reported as the cell's error row; the group goes on
         measurement, error = None, f"{type(e).__name__}: {e}"
     release(device)
     error = _agreed_error(error)
-    return (measurement.to_dict() if measurement else None), error
+    planted = {"injected_slowdown": slowdown} if slowdown else {}
+    return (measurement.to_dict() | planted if measurement else None), error
 
 
 def _unrecorded(group: Group, timed_steps: int, device: torch.device, threads: int, template):
@@ -156,25 +167,36 @@ def train_fn_per_worker(config: dict) -> None:
         calibration = _calibrate(group, device, template)  # a wrong reduced value raises on every rank
         if rank0:
             outbox.put(calibration | info)
-    control, last_round = {}, None
-    for slot in group.slots:
-        if slot.round != last_round:
-            control, last_round = _control(group, device, threads, template), slot.round
-        key = [slot.cell.cell_id, slot.repeat]
-        started, t0 = datetime.now(UTC).isoformat(), time.perf_counter()
-        if rank0:
-            outbox.put({"kind": "start", "key": key})
-        measurement, error = _measure(slot, device, threads, template)
-        if rank0:
-            outbox.put(
-                {
-                    "kind": "done",
-                    "key": key,
-                    "started_at": started,
-                    "wall_s": time.perf_counter() - t0,
-                    "measurement": measurement,
-                    "error": error,
-                    "control": control,
-                    **info,
-                }
-            )
+    for slots in rounds_of(group, config.get("inbox"), rank0):
+        control = _control(group, device, threads, template)
+        for slot in slots:
+            _measure_slot(slot, device, threads, template, outbox if rank0 else None, {"control": control, **info})
+
+
+def rounds_of(group: Group, inbox, rank0: bool) -> Iterator[list[Slot]]:
+    """The group's rounds in order: as planned, or (with an inbox) as the trial sends them: rank 0 takes each
+    round's keys from the inbox (a blocking get: no core spins meanwhile) and broadcasts them; [] ends."""
+    if inbox is None:
+        for _, slots in itertools.groupby(group.slots, key=lambda s: s.round):
+            yield list(slots)
+        return
+    by_key = {(s.cell.cell_id, s.repeat): s for s in group.slots}
+    while True:
+        message = [inbox.get() if rank0 else None]
+        dist.broadcast_object_list(message, src=0)
+        if not message[0]:
+            return
+        yield [by_key[tuple(k)] for k in message[0]]
+
+
+def _measure_slot(slot: Slot, device: torch.device, threads: int, template, outbox, extra: dict) -> None:
+    """One (cell, repeat) on every rank; rank 0 (the one with an outbox) posts start, then done with `extra`
+    (the round's control, the group's fingerprint and placement)."""
+    key = [slot.cell.cell_id, slot.repeat]
+    started, t0 = datetime.now(UTC).isoformat(), time.perf_counter()
+    if outbox is not None:
+        outbox.put({"kind": "start", "key": key})
+    measurement, error = _measure(slot, device, threads, template)
+    if outbox is not None:
+        done = {"key": key, "started_at": started, "wall_s": time.perf_counter() - t0}
+        outbox.put({"kind": "done", **done, "measurement": measurement, "error": error, **extra})

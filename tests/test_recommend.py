@@ -113,7 +113,8 @@ def test_progress_lines_show_samples_where_a_workload_gives_no_tokens():
 
 
 def hooked(root: Path, speedup: float, cv: float, seed: int = 1) -> pd.DataFrame:
-    """The seed's gas-1 cells, plus the 25 MB cell again with a PowerSGD hook `speedup` times faster."""
+    """The seed's gas-1 cells, PyTorch's defaults 4% slower than its best (25 MB with the bucket view), and that
+    best again with a PowerSGD hook `speedup` times faster."""
     from results.store import load
 
     gas1 = [r for r in seed_rows() if r["gas"] == 1 and r["mode"] == "ddp"]
@@ -125,15 +126,16 @@ def hooked(root: Path, speedup: float, cv: float, seed: int = 1) -> pd.DataFrame
         "grad_compression": "powersgd-rank-1",
         "step_ms": base["step_ms"] / speedup,
     }
+    default = base | {"cell_id": "dflt", "gradient_as_bucket_view": False, "step_ms": base["step_ms"] * 1.04}
     store = Store.open(str(root))
-    for r in noisy([*gas1, lossy], cv=cv, repeats=3, seed=seed):
+    for r in noisy([*gas1, default, lossy], cv=cv, repeats=3, seed=seed):
         store.write_row(r)
     return load(store.uri)
 
 
 def test_a_compressing_hook_is_never_recommended_over_an_exact_one_it_cannot_be_told_from(tmp_path):
     (rec,) = recommend(
-        hooked(tmp_path, speedup=1.01, cv=0.01)
+        hooked(tmp_path, speedup=1.003, cv=0.01)
     )  # significant over the defaults, not over the exact best
     assert rec["best"]["comm_hook"] == "powersgd"  # measured fastest, by noise
     assert rec["recommended"]["comm_hook"] == "none" and rec["changes_numerics"] is False

@@ -29,7 +29,7 @@ SPECS = Path(__file__).resolve().parent.parent / "sweeps" / "specs"
         ("name: ../etc\n", "name", "a label"),
         ("name: x\nseq_len: 4096", "seq_len", "1..128"),
         ("name: x\nworkers: [3]\nnodes: [2]", "nodes", "divide"),
-        ("name: x\nrepeats: 0", "repeats", ">= 1"),
+        ("name: x\nrepeats: 0", "repeats", "[1, 1000], or auto"),
         ("bucket_cap_mb: [1]", "name", "required"),
         ("- 1\n- 2", "spec", "a mapping"),
         ("name: x\ncell_timeout_s: .nan", "cell_timeout_s", "> 0"),

@@ -243,9 +243,10 @@ def gather_max(values: list[float], device: torch.device) -> list[float]:
 
 
 def run_cell(
-    cfg: StepConfig, device: torch.device, num_threads: int, template: Built | None = None
+    cfg: StepConfig, device: torch.device, num_threads: int, template: Built | None = None, slowdown: float = 0.0
 ) -> Measurement | None:
-    """Set up, warm up, time `timed_steps` steps, check replicas. Returns the measurement on rank 0, else None."""
+    """Set up, warm up, time `timed_steps` steps, check replicas. Returns the measurement on rank 0, else None.
+    `slowdown` (benchmarks only, see `slowed`): each timed step made that fraction slower."""
     if device.type == "cpu":
         torch.set_num_threads(num_threads)
     window = reset_peak_memory(device)
@@ -261,7 +262,7 @@ def run_cell(
     warmup_ms = (time.perf_counter() - t0) * 1e3
     if distributed(cfg):
         dist.barrier()
-    times, converged = timed_phase(cfg, rep, device, sync)
+    times, converged = timed_phase(cfg, rep, device, sync, slowdown)
     in_sync, peak = True, peak_memory_bytes(device, window)
     if distributed(cfg):
         peak = None if peak is None else int(gather_max([float(peak)], device)[0])
@@ -273,7 +274,22 @@ def run_cell(
     return replace(m, timed_steps_run=len(times), converged=converged, **traced)
 
 
-def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Callable[[], None]):
+def slowed(step: Hook, fraction: float, sync: Hook) -> Hook:
+    """Benchmark-only: `step`, then a sleep of `fraction` of its own time inside the timed region, so that a
+    known difference can be planted in a real sweep (racing's validation)."""
+    if not fraction:
+        return step
+
+    def run() -> None:
+        t0 = time.perf_counter()
+        step()
+        sync()
+        time.sleep(fraction * (time.perf_counter() - t0))
+
+    return run
+
+
+def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Callable[[], None], slowdown: float = 0.0):
     """(per-step slowest-rank times in ms, converged). Fixed: `timed_steps` steps, converged None.
     Adaptive: batches of `timed_steps` until the median's interval is within ±target_rel_ci, or
     max_timed_steps / max_cell_s is reached. Between batches the ranks gather their times (outside any
@@ -281,8 +297,9 @@ def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Calla
     gather = (lambda t: gather_max(t, device)) if distributed(cfg) else (lambda t: t)
     trace = rep.trace
     around = (trace.start_step, trace.end_step) if trace else (lambda: None, lambda: None)
+    step = slowed(lambda: train_step(rep), slowdown, sync)
     with counting_all_reduce(trace):  # counts only inside traced steps; the gathers use all_gather
-        own = time_steps(lambda: train_step(rep), cfg.timed_steps, sync, *around)
+        own = time_steps(step, cfg.timed_steps, sync, *around)
         if cfg.target_rel_ci is None:
             return gather(own), None
         while True:
@@ -291,7 +308,7 @@ def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Calla
             if converged or len(times) >= cfg.max_timed_steps or sum(times) / 1e3 >= cfg.max_cell_s:
                 return times, converged
             n = min(cfg.timed_steps, cfg.max_timed_steps - len(own))
-            own += time_steps(lambda: train_step(rep), n, sync, *around)
+            own += time_steps(step, n, sync, *around)
 
 
 def _measurement(

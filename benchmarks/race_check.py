@@ -1,0 +1,177 @@
+"""Racing, validated on this machine: real races with planted slowdowns, then races simulated from the per-step
+data those runs measured.
+
+Real: a smoke-shaped group (tiny GPT, 2 gloo workers, buckets 0.05/0.25/1/25 MB, gas 1) under `search: race`,
+with DDPSWEEP_SLOWDOWN planting 0 / 0 / +30% / +60% on the four buckets (a different pair each race). Per race:
+the round each cell was dropped after, the winner, and the measurements used against a full grid with the same
+max_rounds.
+
+Simulated (200 races each, results.racing's rule, min_rounds 3, max_rounds as above): four equal cells with the
+measured step noise and round-to-round noise (A/A: how often is any cell dropped?), then with a GPU-like 2% CV
+per round, equal and with one cell 10% slower (how often is it dropped, and how soon?).
+
+    python benchmarks/race_check.py [--races 3] [--sims 200] [--max-rounds 8] [--rows DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from results.racing import Rule, eliminated  # noqa: E402
+from results.store import load  # noqa: E402
+
+BUCKETS = [0.05, 0.25, 1.0, 25.0]
+PLANTED = [0.0, 0.0, 0.30, 0.60]  # rotated over the buckets from race to race
+SPEC = {
+    "name": "race",
+    "cluster": "race-check",
+    "model": "tiny",
+    "micro_batch": 8,
+    "seq_len": 64,
+    "warmup_steps": 3,
+    "timed_steps": 10,
+    "workers": [2],
+    "bucket_cap_mb": BUCKETS,
+    "backend": "gloo",
+    "use_gpu": False,
+    "search": "race",
+    "min_rounds": 3,
+}
+
+
+def real_race(out: Path, i: int, max_rounds: int) -> pd.DataFrame:
+    """One race on the embedded Ray, its slowdowns planted on a rotation of the buckets; its rows."""
+    from sweeps.grid import expand
+    from sweeps.spec import spec_from_dict
+
+    spec = SPEC | {"repeats": max_rounds}
+    cells = {c.step.bucket_cap_mb: c.cell_id for c in expand(spec_from_dict(spec, "race")) if c.step.mode == "ddp"}
+    planted = {b: PLANTED[(k + i) % len(BUCKETS)] for k, b in enumerate(BUCKETS)}
+    path = out / "race.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    env = os.environ | {"DDPSWEEP_SLOWDOWN": ",".join(f"{cells[b]}={f}" for b, f in planted.items() if f)}
+    cmd = [sys.executable, "-m", "service.cli", "run", str(path), "--results", str(out), "--sweep-id", f"race-{i}"]
+    subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True)
+    rows = load(str(out))
+    return rows[rows["sweep_id"] == f"race-{i}"]
+
+
+def report_race(rows: pd.DataFrame, max_rounds: int) -> dict:
+    ddp = rows[(rows["mode"] == "ddp") & (rows["status"] == "ok")]
+    slowed = set(ddp.loc[ddp["injected_slowdown"].notna(), "cell_id"])
+    last = ddp.groupby("cell_id")["eliminated_at_round"].max()
+    dropped = {c: int(r) for c, r in last.items() if pd.notna(r)}
+    survivors = ddp[~ddp["cell_id"].isin(dropped)]
+    winner = survivors.groupby("cell_id")["step_ms"].median().idxmin()
+    full = len(BUCKETS) * max_rounds + max_rounds  # every DDP cell and the baseline in every round
+    for _, cell in ddp.drop_duplicates("cell_id").sort_values("bucket_cap_mb").iterrows():
+        f = cell["injected_slowdown"]
+        fate = f"dropped after round {dropped[cell['cell_id']] + 1}" if cell["cell_id"] in dropped else "kept"
+        print(f"    {cell['bucket_cap_mb']:g} MB, planted {0 if pd.isna(f) else f:+.0%}: {fate}")
+    used = len(rows)
+    print(
+        f"    winner: {ddp.loc[ddp['cell_id'] == winner, 'bucket_cap_mb'].iloc[0]:g} MB; {used} of {full} measurements"
+    )
+    return {
+        "slowed_dropped_by_5": all(dropped.get(c, 99) <= 4 for c in slowed),
+        "winner_unslowed": winner not in slowed,
+        "fraction": used / full,
+    }
+
+
+def measured_noise(rows: pd.DataFrame) -> tuple[np.ndarray, float]:
+    """From the unslowed DDP rows: per-step log residuals around each row's median, and the SD of the rows'
+    log medians around their cell's (round-to-round noise)."""
+    ok = rows[(rows["mode"] == "ddp") & (rows["status"] == "ok") & rows["injected_slowdown"].isna()]
+    steps = np.concatenate([np.log(np.asarray(t) / np.median(t)) for t in ok["step_times_ms"]])
+    levels = np.log(ok["step_ms"] / ok.groupby("cell_id")["step_ms"].transform("median"))
+    return steps, float(levels.std(ddof=1))
+
+
+def simulate(args: tuple) -> dict[str, int]:
+    """One simulated race: {cell: round dropped after}. Each measurement: a round level (lognormal, `round_sd`)
+    times `steps_per` per-step factors resampled from the measured residuals (scaled to `step_sd` if given)."""
+    seed, slow, residuals, round_sd, step_sd, rule = args
+    rng = np.random.default_rng(seed)
+    if step_sd is not None:
+        residuals = residuals * step_sd / residuals.std()
+    alive, dropped, rows = set(range(len(slow))), {}, []
+    for r in range(rule.max_rounds):
+        for c in sorted(alive):
+            times = 100.0 * (1 + slow[c]) * np.exp(rng.normal(0, round_sd) + rng.choice(residuals, 10))
+            rows.append(
+                {"cell_id": str(c), "round": r, "cluster": "s", "sweep_id": "s", "group_id": "g", "status": "ok"}
+                | {"step_times_ms": times, "step_ms": float(np.median(times)), "repeat": r}
+            )
+        if r + 1 >= rule.min_rounds:
+            live = pd.DataFrame([x for x in rows if int(x["cell_id"]) in alive])
+            for c in eliminated(live, rule, {str(k): len(slow) - 1 for k in range(len(slow))}, seed=seed + r):
+                alive.discard(int(c))
+                dropped[int(c)] = r
+    return dropped
+
+
+def simulations(residuals: np.ndarray, round_sd: float, sims: int, max_rounds: int) -> None:
+    rule = Rule(race=True, min_rounds=3, max_rounds=max_rounds, tolerance=0.02)
+    cases = [
+        ("A/A, this machine's noise", [0.0] * 4, round_sd, None),
+        ("A/A, GPU-like 2% CV", [0.0] * 4, 0.02, 0.02),
+        ("one cell +10%, GPU-like 2% CV", [0.0, 0.0, 0.10, 0.0], 0.02, 0.02),
+    ]
+    with multiprocessing.Pool(os.cpu_count()) as pool:
+        for name, slow, rsd, ssd in cases:
+            outs = pool.map(simulate, [(s, slow, residuals, rsd, ssd, rule) for s in range(sims)])
+            any_dropped = sum(bool(o) for o in outs) / sims
+            line = f"  {name}: a cell dropped in {any_dropped:.1%} of {sims} races"
+            if any(slow):
+                hit = [o[2] for o in outs if 2 in o]
+                wrong = sum(any(k != 2 for k in o) for o in outs) / sims
+                line += (
+                    f"; the slower one in {len(hit) / sims:.1%} (median after round {np.median(hit) + 1:.0f}), "
+                    f"an equal one in {wrong:.1%}"
+                )
+            print(line)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--races", type=int, default=3)
+    parser.add_argument("--sims", type=int, default=200)
+    parser.add_argument("--max-rounds", type=int, default=8)
+    parser.add_argument("--rows", default=None, help="a results root holding race-* sweeps (skips the real runs)")
+    args = parser.parse_args()
+    out = Path(args.rows or tempfile.mkdtemp(prefix="ddpsweep-race-"))
+    frames = []
+    for i in range(args.races):
+        print(f"race {i + 1}/{args.races}:")
+        rows = (
+            real_race(out, i, args.max_rounds) if args.rows is None else load(str(out)).query(f"sweep_id == 'race-{i}'")
+        )
+        frames.append(rows)
+        verdict = report_race(rows, args.max_rounds)
+        print(
+            f"    both slowed dropped by round 5: {verdict['slowed_dropped_by_5']}; winner unslowed: "
+            f"{verdict['winner_unslowed']}; measurements {verdict['fraction']:.0%} of a full grid"
+        )
+    residuals, round_sd = measured_noise(pd.concat(frames))
+    print(f"measured here: per-step SD {residuals.std():.1%} (log), round-to-round SD {round_sd:.1%} (log)")
+    print(f"simulated races ({args.sims} each, min_rounds 3, max_rounds {args.max_rounds}, tolerance 2%):")
+    simulations(residuals, round_sd, args.sims, args.max_rounds)
+    print(f"rows: {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Decisions a sweep takes while it measures: which cells to stop measuring (`search: race`) and when a curve's
+answer is known (`repeats: auto`). Pure functions over the rows a worker group has produced so far; the trial
+calls them after every round (sweeps/trial.py), benchmarks/race_check.py on simulated rounds.
+
+The race (F-Race's idea, Birattari 2002, with a bootstrap test in place of Friedman's): after `min_rounds`
+rounds, and after every round from then on, each curve's leader is its cell with the lowest median step; a cell
+whose round-blocked ratio to the leader has its lower bound above 1 + tolerance is measured no more. The lower
+bound is a one-sided bootstrap quantile at level alpha / (looks x rivals): Bonferroni over the planned looks
+(max_rounds - min_rounds + 1) and over the cells compared with the leader, so the chance that a race ever drops
+a cell no slower than 1 + tolerance stays under alpha however many rounds it looks at.
+
+A curve is resolved when every remaining cell is decided against its leader: their 95% interval excludes 1
+(told apart), or lies within 1 ± target_rel (equal for any purpose the target serves).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from results.uncertainty import cell_replicates, interval
+
+ALPHA = 0.05  # the chance a race drops a cell that is not slower by more than its tolerance
+RACE_BOOT = 4000  # replicates per look: the one-sided bound sits near the 0.1% quantile
+# A curve inside one group: every knob but the bucket (analysis.CURVE_KEYS, less what a group shares)
+CURVE_IN_GROUP = ["gas", "no_sync", "gradient_as_bucket_view", "mode", "comm_hook", "powersgd_rank"]
+CURVE_IN_GROUP += ["first_bucket_mb", "static_graph", "broadcast_buffers"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rule:
+    """How a group decides between rounds."""
+
+    race: bool = False
+    """Drop cells shown slower than their curve's leader (`search: race`)."""
+    auto: bool = False
+    """Stop once every curve is resolved (`repeats: auto`)."""
+    min_rounds: int = 3
+    """Rounds before the first look."""
+    max_rounds: int = 10
+    """Rounds planned: the race's looks are counted up to here, and no group measures more."""
+    tolerance: float = 0.02
+    """race: a cell is dropped only when shown slower than the leader by more than this fraction."""
+    target_rel: float = 0.02
+    """auto: differences smaller than this fraction count as equal."""
+    deadline: float | None = None
+    """auto: a wall-clock time (time.time()) after which no new round starts."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_rounds <= self.max_rounds:
+            raise ValueError(f"min_rounds: 1..max_rounds ({self.max_rounds}), got {self.min_rounds}")
+
+    @property
+    def looks(self) -> int:
+        return self.max_rounds - self.min_rounds + 1
+
+    def level(self, rivals: int) -> float:
+        """One-sided level of each comparison at each look."""
+        return ALPHA / (self.looks * max(rivals, 1))
+
+
+def curves(rows: pd.DataFrame) -> list[pd.DataFrame]:
+    """The group's ok rows, split by curve."""
+    keys = [k for k in CURVE_IN_GROUP if k in rows]
+    if not keys:
+        return [rows]
+    return [grp for _, grp in rows.groupby(keys, dropna=False, sort=True)]
+
+
+def _cells(rows: pd.DataFrame, n_boot: int, seed: int) -> pd.DataFrame:
+    """Median and round-blocked replicates per cell id (rows of one group)."""
+    return cell_replicates(rows, ["cell_id"], seed=seed, n_boot=n_boot).set_index("cell_id")
+
+
+def eliminated(rows: pd.DataFrame, rule: Rule, rivals: dict[str, int], seed: int = 0) -> set[str]:
+    """Cells of `rows` (ok rows of one group, alive cells only) shown slower than their curve's leader by more
+    than rule.tolerance, at the Bonferroni level. `rivals`: per cell, the cells its curve started with - 1."""
+    out: set[str] = set()
+    for curve in curves(rows):
+        cells = _cells(curve, RACE_BOOT, seed)
+        if len(cells) < 2:
+            continue
+        leader = cells["step_ms"].idxmin()
+        for cell_id, line in cells.drop(index=leader).iterrows():
+            ratio = line["step_ms_reps"] / cells.loc[leader, "step_ms_reps"]
+            ratio = ratio[np.isfinite(ratio)]
+            if len(ratio) and np.quantile(ratio, rule.level(rivals.get(cell_id, len(cells) - 1))) > 1 + rule.tolerance:
+                out.add(str(cell_id))
+    return out
+
+
+def resolved(rows: pd.DataFrame, rule: Rule, seed: int = 0) -> bool:
+    """Every curve's remaining cells decided against its leader (see the module docstring)."""
+    for curve in curves(rows):
+        cells = _cells(curve, 2000, seed)
+        if len(cells) < 2:
+            continue
+        leader = cells["step_ms"].idxmin()
+        for _, line in cells.drop(index=leader).iterrows():
+            lo, hi = interval(line["step_ms_reps"] / cells.loc[leader, "step_ms_reps"])
+            if not np.isfinite(lo):
+                return False
+            apart = lo > 1 or hi < 1
+            equal = 1 / (1 + rule.target_rel) <= lo and hi <= 1 + rule.target_rel
+            if not (apart or equal):
+                return False
+    return True

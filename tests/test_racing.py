@@ -1,0 +1,139 @@
+"""Tier 1: racing and automatic rounds — the rules on simulated rounds, and the trial's round planner."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from results.racing import Rule, eliminated, resolved
+from sweeps.grid import expand, plan_groups
+from sweeps.rounds import RoundPlanner
+from sweeps.spec import SpecError, SweepSpec
+
+
+def round_rows(rng, slow: dict[str, float], rounds: range, round_cv: float, step_cv: float = 0.02) -> list[dict]:
+    """Rows of one group: every cell once per round, a common per-round factor, and a little of their own."""
+    rows = []
+    for r in rounds:
+        common = np.exp(rng.normal(0, round_cv))
+        for cell, factor in slow.items():
+            own = np.exp(rng.normal(0, round_cv / 2))
+            times = 100.0 * (1 + factor) * common * own * (1 + rng.normal(0, step_cv, 20))
+            rows.append(
+                {
+                    "cell_id": cell,
+                    "repeat": r,
+                    "round": r,
+                    "status": "ok",
+                    "cluster": "c",
+                    "sweep_id": "s",
+                    "group_id": "g",
+                    "gas": 1,
+                    "step_times_ms": list(times),
+                    "step_ms": float(np.median(times)),
+                }
+            )
+    return rows
+
+
+def race(rng, slow: dict[str, float], rule: Rule, round_cv: float) -> dict[str, int]:
+    """One simulated race: {cell: the round after which it was dropped}."""
+    alive, dropped, rows = set(slow), {}, []
+    rivals = {c: len(slow) - 1 for c in slow}
+    for r in range(rule.max_rounds):
+        rows += round_rows(rng, {c: slow[c] for c in alive}, range(r, r + 1), round_cv)
+        if r + 1 >= rule.min_rounds:
+            for c in eliminated(pd.DataFrame([x for x in rows if x["cell_id"] in alive]), rule, rivals, seed=r):
+                alive.discard(c)
+                dropped[c] = r
+    return dropped
+
+
+def test_a_race_of_equal_cells_rarely_drops_one_and_drops_a_slower_one():
+    rng = np.random.default_rng(4)
+    rule = Rule(race=True, min_rounds=3, max_rounds=8, tolerance=0.02)
+    equal = sum(bool(race(rng, dict.fromkeys("abcd", 0.0), rule, 0.02)) for _ in range(15))
+    assert equal <= 1  # the Bonferroni schedule keeps it under 5% of races (benchmarks/race_check.py: 200)
+    slower = [race(rng, {"a": 0.0, "b": 0.0, "c": 0.10, "d": 0.0}, rule, 0.02) for _ in range(10)]
+    assert sum("c" in d for d in slower) >= 9
+    assert all(set(d) <= {"c"} for d in slower)  # never an equal one
+    assert np.median([d["c"] for d in slower if "c" in d]) <= 5
+
+
+def test_resolved_means_every_cell_told_apart_from_the_leader_or_within_the_target():
+    rng = np.random.default_rng(1)
+    rule = Rule(auto=True, target_rel=0.05)
+    apart = pd.DataFrame(round_rows(rng, {"a": 0.0, "b": 0.3}, range(4), 0.01))
+    assert resolved(apart, rule)
+    close = pd.DataFrame(round_rows(rng, {"a": 0.0, "b": 0.001}, range(6), 0.005, step_cv=0.005))
+    assert resolved(close, rule)  # within ±5% of each other: equal for this target
+    unclear = pd.DataFrame(round_rows(rng, {"a": 0.0, "b": 0.03}, range(3), 0.08))
+    assert not resolved(unclear, rule)
+
+
+def spec(**kw) -> SweepSpec:
+    return SweepSpec(name="r", bucket_cap_mb=[0.05, 0.25, 25], use_gpu=False, backend="gloo", **kw)
+
+
+def planner_for(s: SweepSpec) -> RoundPlanner:
+    from sweeps.runner import SweepPlan
+
+    cells = [c for c in expand(s) if c.step.mode == "ddp"]
+    plan = SweepPlan(s, "s", "c", None, cells, [(c, r) for c in cells for r in range(s.rounds)])
+    (group,) = plan_groups(plan.todo, sweep_id="s")
+    return RoundPlanner(group, plan.rule())
+
+
+def test_the_planner_sends_min_rounds_then_one_round_per_look_and_stamps_the_dropped():
+    p = planner_for(spec(repeats=5, search="race", min_rounds=2, tolerance=0.02))
+    first = p.first_rounds()
+    assert [len(keys) for keys in first] == [3, 3] and {k[1] for k in first[1]} == {1}
+    slow = sorted(p.alive)[0]
+    rng = np.random.default_rng(0)
+    sent: list = []
+    for r in range(5):
+        keys = first[r] if r < 2 else sent[-1]
+        for cell, repeat in keys:
+            factor = 0.5 if cell == slow else 0.0
+            (row,) = round_rows(rng, {cell: factor}, range(repeat, repeat + 1), 0.01)
+            out, messages = p.on_row(row)
+            sent += messages
+        if sent and sent[-1] == []:
+            break
+    assert p.eliminated_at[slow] in (1, 2, 3)  # dropped after a look: round 2 (index 1) at the earliest
+    assert all(slow not in {k[0] for k in keys} for keys in sent[p.eliminated_at[slow] - 1 :])
+    assert sent[-1] == [] and p.finished and "max_rounds" in p.reason
+
+
+def test_rows_of_a_looked_at_round_are_held_until_the_look():
+    p = planner_for(spec(repeats=4, search="race", min_rounds=1))
+    keys = p.first_rounds()[0]
+    rng = np.random.default_rng(0)
+    out = [p.on_row(round_rows(rng, {c: 0.0}, range(r, r + 1), 0.01)[0]) for c, r in keys]
+    assert [len(rows) for rows, _ in out] == [0, 0, 3]  # released together, after the round's look
+    assert all("eliminated_at_round" in row for row in out[-1][0]) and out[-1][1][0]  # and the next round sent
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"repeats": "many"}, "repeats"),
+        ({"search": "bandit"}, "search"),
+        ({"tolerance": 0}, "tolerance"),
+        ({"target_rel": 2}, "target_rel"),
+        ({"search": "race", "repeats": 2, "min_rounds": 3}, "min_rounds"),
+        ({"repeats": "auto", "isolation": "cell"}, "isolation"),
+        ({"repeats": "auto", "max_sweep_s": -1}, "max_sweep_s"),
+        ({"env": {"DDPSWEEP_SLOWDOWN": "abc=0.5"}}, "env"),
+    ],
+)
+def test_decision_settings_are_checked_by_name(fields, field):
+    with pytest.raises(SpecError) as e:
+        spec(**fields)
+    assert e.value.field.startswith(field)
+
+
+def test_auto_plans_max_rounds():
+    s = spec(repeats="auto", max_rounds=6)
+    assert s.rounds == 6 and s.decides and planner_for(s).rule.auto
