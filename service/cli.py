@@ -6,11 +6,14 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from trainers.errors import ConfigError, DDPSweepError
+
+if TYPE_CHECKING:
+    from sweeps.spec import SweepSpec
 
 app = typer.Typer(
     add_completion=False,
@@ -56,12 +59,15 @@ def run(
         plan = runner.plan_sweep(load_spec(spec), results=results, cluster=cluster, resume=resume, sweep_id=sweep_id)
         if dry_run:
             typer.echo(cells_table(plan.cells, plan.spec.rounds, plan.spec.isolation))  # the grid first, always
+            if plan.spec.decides:
+                typer.echo(f"at most: {_decided(plan.spec)}")
             if not address and not os.environ.get("RAY_ADDRESS"):
                 _dry_run_here(runner, plan)  # then: could this machine's embedded Ray run it?
             return
         typer.echo(
             f"sweep {plan.sweep_id}: {len(plan.todo)} of {plan.planned} measurements to run "
             f"in {len(plan.groups())} worker group(s) -> {plan.store.uri}"
+            + (f" (at most: {_decided(plan.spec)})" if plan.spec.decides else "")
         )
         with progress_printer(len(plan.todo)) as progress:
             outcome = runner.execute(
@@ -85,6 +91,15 @@ def stop_on_signals(session) -> None:
     command says so and exits 130 or 143. Tune's own SIGINT handler would end the run quietly instead."""
     session.raise_on_sigterm()
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+
+
+def _decided(spec: SweepSpec) -> str:
+    """How the trial decides the rounds of a race or of `repeats: auto`."""
+    parts = [f"search: race drops cells shown {spec.tolerance:.0%} slower from round {spec.min_rounds}"]
+    parts = parts if spec.search == "race" else []
+    if spec.repeats == "auto":
+        parts.append(f"rounds stop once each curve is resolved to ±{spec.target_rel:.0%}")
+    return "; ".join(parts)
 
 
 def _dry_run_here(runner, plan) -> None:

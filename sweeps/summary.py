@@ -59,8 +59,8 @@ def _resolves(grp: pd.DataFrame, best: pd.Series) -> str:
     need = res["rounds_for_target"]
     more = "more than " if need >= analysis.MAX_ROUNDS_SHOWN else ""
     return (
-        f"; resolves differences of {res['min_resolvable_rel']:.1%} and more "
-        f"({analysis.TARGET_REL:.0%} would take {more}{need} rounds)"
+        f"; min_resolvable_rel {res['min_resolvable_rel']:.1%} (smaller differences cannot be told apart; "
+        f"{analysis.TARGET_REL:.0%} would take {more}{need} rounds)"
     )
 
 
@@ -92,7 +92,9 @@ def _decision_lines(rows: pd.DataFrame) -> list[str]:
             f"race: {len(dropped)} of {race['cell_id'].nunique()} cell(s) dropped as slower than their curve's "
             f"leader{': ' + names if names else ''}; {len(race)} measurements"
         )
-    auto = ok[ok["target_rel"].notna()] if "target_rel" in ok else ok.iloc[:0]
+    if "target_rel" not in ok or ok["target_rel"].isna().all():
+        return out
+    auto = ok[ok["target_rel"].notna()]
     alive = auto[~auto["cell_id"].isin(auto.dropna(subset=["eliminated_at_round"])["cell_id"])]
     groups = alive[alive["mode"] != "single"].groupby("group_id")
     for curve in (c for _, grp in groups for c in racing.curves(grp)):

@@ -160,3 +160,15 @@ def test_the_smallest_resolvable_difference_shrinks_with_rounds_and_says_what_2_
     assert 0.8 < many["round_var_share"] <= 1.0  # the swings are between rounds: more steps would not help
     blocked = analysis.u_curve(group_rounds(rng, 0.0, rounds=3, round_cv=0.05)).iloc[0]
     assert blocked["min_resolvable_rel"] < few["min_resolvable_rel"] / 3
+
+
+def test_the_summary_names_what_each_curve_can_resolve_and_keeps_a_drifted_round():
+    from results.store import Store, load
+    from sweeps.summary import summary_text
+
+    rows = rounds_with_control([100.0, 131.0, 99.5, 100.5])
+    rows["step_times_ms"] = [list(150.0 + b + np.arange(5.0)) for b in rows["bucket_cap_mb"]]
+    baseline = row("single", 1, 100.0, step_times_ms=[100.0, 101.0, 99.0], group_id="g0", round=0)
+    text = summary_text(pd.concat([rows, pd.DataFrame([baseline])], ignore_index=True).pipe(analysis.with_knobs))
+    assert "min_resolvable_rel" in text and "2% would take" in text
+    assert "drift: 2 measurement(s) in 1 round(s)" in text and "(kept:" in text

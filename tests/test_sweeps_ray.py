@@ -9,7 +9,7 @@ import pytest
 import ray
 
 from results.query import query
-from results.store import Store
+from results.store import Store, load
 from sweeps.grid import expand
 from sweeps.runner import execute, plan_sweep
 from sweeps.spec import parse_spec
@@ -159,22 +159,28 @@ def test_hooks_and_an_env_grid_run_on_ray_one_group_per_environment(fault_file, 
     assert by_hook["powersgd-rank-1"] <= 0.1 * by_hook["none"]  # measured by the trace, on the workers
 
 
-def test_a_race_stops_measuring_a_planted_slow_cell_on_one_warm_group(fault_file, tmp_path, monkeypatch):
+def test_a_race_drops_planted_slow_cells_and_auto_rounds_stop_once_resolved(fault_file, tmp_path, monkeypatch):
     from sweeps.options import SLOWDOWN_ENV
+    from sweeps.summary import summary_text
 
     fault_file.write_text("")
-    spec = parse_spec(spec_text(buckets="[0.25, 1, 25]", repeats=6) + "search: race\nmin_rounds: 2\n")
-    slow = [c for c in expand(spec) if c.step.mode == "ddp"][2]
-    monkeypatch.setenv(SLOWDOWN_ENV, f"{slow.cell_id}=3")  # every timed step 4x as long
+    decide = "search: race\nmin_rounds: 2\nmax_rounds: 6\n"
+    spec = parse_spec(spec_text(buckets="[0.25, 1, 25]", repeats="auto") + decide)
+    fast, *slow = [c for c in expand(spec) if c.step.mode == "ddp"]
+    monkeypatch.setenv(SLOWDOWN_ENV, ",".join(f"{c.cell_id}=3" for c in slow))  # timed steps 4x as long
     rows = execute(plan_sweep(spec, results=str(tmp_path))).rows
-    assert {r["search"] for r in rows} == {"race"} and all(r["status"] == "ok" for r in rows)
+    assert {(r["search"], r["target_rel"], r["status"]) for r in rows} == {("race", 0.02, "ok")}
     ddp = [r for r in rows if r["mode"] == "ddp"]
     assert len({r["group_id"] for r in ddp}) == 1  # the rounds went to one warm worker group
-    mine = sorted((r for r in ddp if r["cell_id"] == slow.cell_id), key=lambda r: r["round"])
-    assert 2 <= len(mine) < 6 and {r["injected_slowdown"] for r in mine} == {3.0}
-    assert mine[-1]["eliminated_at_round"] == mine[-1]["round"]  # the rows of its last round say so
-    others = [r for r in ddp if r["cell_id"] != slow.cell_id]
-    assert len(others) == 12 and all(r["eliminated_at_round"] is None for r in others)
-    assert all(r.get("injected_slowdown") is None for r in others)
+    for cell in slow:
+        mine = sorted((r for r in ddp if r["cell_id"] == cell.cell_id), key=lambda r: r["round"])
+        assert {r["injected_slowdown"] for r in mine} == {3.0}
+        dropped = [r["eliminated_at_round"] for r in mine if r.get("eliminated_at_round") is not None]
+        assert dropped in ([], [mine[-1]["round"]])  # only the rows of its last round say so
+    survivor = [r for r in ddp if r["cell_id"] == fast.cell_id]
+    assert 2 <= len(survivor) < 6 and all(r.get("injected_slowdown") is None for r in survivor)
+    assert any(r.get("eliminated_at_round") is not None for r in ddp)
+    summary = summary_text(load(str(tmp_path)))
+    assert "rounds auto, workers=2 gas=1 no_sync=false: resolved after" in summary and "race: " in summary
     ran = [(r["round"], r["order_in_round"]) for r in sorted(ddp, key=lambda r: r["started_at"])]
-    assert ran == sorted(ran)  # round by round, each in its planned order (less the dropped cell)
+    assert ran == sorted(ran)  # round by round, each in its planned order (less the dropped cells)
