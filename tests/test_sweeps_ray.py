@@ -117,7 +117,7 @@ def test_group_measures_every_pair_in_rounds_and_a_failing_cell_is_its_own_error
 
 
 def test_hung_cell_times_out_and_the_rest_of_its_group_runs_in_a_fresh_group(fault_file, tmp_path):
-    spec = parse_spec(spec_text(buckets="[0.25, 1, 25]", timeout=25))
+    spec = parse_spec(spec_text(buckets="[0.25, 1, 25]", timeout=30))
     plan = plan_sweep(spec, results=str(tmp_path), sweep_id="hang-1")
     ddp_group = next(g for g in plan.groups() if g.first.world_size == 2)
     hung = ddp_group.slots[0].cell  # the first of its round: everything else is still to measure
@@ -126,8 +126,8 @@ def test_hung_cell_times_out_and_the_rest_of_its_group_runs_in_a_fresh_group(fau
     by_cell = {r["cell_id"]: r for r in outcome.rows}
     assert len(outcome.rows) == 4 == len(by_cell)
     assert by_cell[hung.cell_id]["status"] == "error"
-    assert "cell_timeout_s=25" in by_cell[hung.cell_id]["error"]
-    assert 25 <= by_cell[hung.cell_id]["trial_wall_s"] < 60
+    assert "cell_timeout_s=30" in by_cell[hung.cell_id]["error"]
+    assert 30 <= by_cell[hung.cell_id]["trial_wall_s"] < 65
     rest = [by_cell[s.cell.cell_id] for s in ddp_group.slots[1:]]
     assert all(r["status"] == "ok" and r["step_ms"] > 0 and r["replicas_in_sync"] for r in rest)
     assert all(r["group_id"] == f"{ddp_group.group_id}-replan" for r in rest)
@@ -136,10 +136,10 @@ def test_hung_cell_times_out_and_the_rest_of_its_group_runs_in_a_fresh_group(fau
 
 def test_cell_isolation_runs_one_worker_group_per_measurement(fault_file, tmp_path):
     fault_file.write_text("")
-    spec = parse_spec(spec_text(isolation="cell"))
+    spec = parse_spec(spec_text(buckets="[25]", isolation="cell"))
     outcome = execute(plan_sweep(spec, results=str(tmp_path)))
-    assert len(outcome.rows) == 3 and {r["status"] for r in outcome.rows} == {"ok"}
-    assert len({r["group_id"] for r in outcome.rows}) == 3 and {r["isolation"] for r in outcome.rows} == {"cell"}
+    assert len(outcome.rows) == 2 and {r["status"] for r in outcome.rows} == {"ok"}
+    assert len({r["group_id"] for r in outcome.rows}) == 2 and {r["isolation"] for r in outcome.rows} == {"cell"}
     assert all(r["replicas_in_sync"] and r["step_ms"] > 0 for r in outcome.rows)
 
 
