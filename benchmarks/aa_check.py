@@ -27,7 +27,8 @@ from sweeps.spec import SweepSpec, load_spec  # noqa: E402
 
 def run(spec: SweepSpec, cluster: str, results: str) -> None:
     path = Path(results) / f"{cluster}.yaml"
-    path.write_text(yaml.safe_dump(dataclasses.asdict(spec)))
+    fields = {k: v for k, v in dataclasses.asdict(spec).items() if v is not None}  # `workload: null` is a workload
+    path.write_text(yaml.safe_dump(fields))
     subprocess.run(
         [sys.executable, "-m", "service.cli", "run", str(path), "--results", results, "--cluster", cluster],
         cwd=ROOT,

@@ -25,7 +25,8 @@ from results.uncertainty import cell_replicates, interval
 ALPHA = 0.05  # the chance a race drops a cell that is not slower by more than its tolerance
 RACE_BOOT = 4000  # replicates per look: the one-sided bound sits near the 0.1% quantile
 # A curve inside one group: every knob but the bucket (analysis.CURVE_KEYS, less what a group shares)
-CURVE_IN_GROUP = ["gas", "no_sync", "gradient_as_bucket_view", "mode", "comm_hook", "powersgd_rank"]
+CURVE_IN_GROUP = ["world_size", "num_nodes", "gas", "no_sync", "gradient_as_bucket_view", "mode", "comm_hook"]
+CURVE_IN_GROUP += ["powersgd_rank"]
 CURVE_IN_GROUP += ["first_bucket_mb", "static_graph", "broadcast_buffers"]
 
 

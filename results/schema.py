@@ -56,7 +56,9 @@ PLACEMENT = [
     pa.field("tokens_per_step", pa.int64()),  # global: all ranks, all micro-steps
     pa.field("cpus_per_worker", pa.float64()),
     pa.field("placement", pa.string()),  # the Ray placement strategy used
-    pa.field("rank_nodes", pa.list_(pa.string())),  # the Ray node IP of every rank, in rank order
+    pa.field("host_world_size", pa.int32()),  # ranks of the worker group that hosted the cell (isolation: sweep)
+    pa.field("ranks", pa.list_(pa.int32())),  # the host group's ranks that measured the cell
+    pa.field("rank_nodes", pa.list_(pa.string())),  # the Ray node IP of each of the cell's ranks, in rank order
     pa.field("workers_per_node_observed", pa.int32()),  # the most ranks any node held (= workers_per_node if right)
     pa.field("env_grid", pa.string()),  # JSON: the cell's env_grid values (its worker group's variables); {}: none
     pa.field("grad_compression", pa.string()),  # none | fp16 | bf16 | powersgd-rank-N: lossy unless none

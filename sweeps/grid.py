@@ -105,6 +105,23 @@ class Cell:
             self.env,
         )
 
+    @property
+    def sweep_key(self) -> tuple:
+        """What `isolation: sweep` groups by: cells with the same key are measured on one worker group of the
+        largest placement among them, each on its own ranks (a node count is a worker group of its own)."""
+        s = self.step
+        return (
+            self.num_nodes,
+            self.backend,
+            s.model,
+            s.workload_args,
+            s.workload_fingerprint,
+            s.micro_batch,
+            s.seq_len,
+            s.seed,
+            self.env,
+        )
+
     def to_dict(self) -> dict:
         return {
             "step": asdict(self.step),
@@ -241,7 +258,7 @@ class Group:
     """Pairs measured one after another on one worker group (one TorchTrainer)."""
 
     group_id: str
-    isolation: str  # group | cell
+    isolation: str  # sweep | group | cell
     order_seed: int  # seeds the shuffle of every round
     slots: tuple[Slot, ...]
     calibrate: bool = False  # an all-reduce sweep on the group's ranks before its first cell
@@ -304,23 +321,40 @@ def _rounds(pairs: list[tuple[Cell, int]], seed: int) -> list[Slot]:
     return slots
 
 
+def host_cell(cells: list[Cell]) -> Cell:
+    """The worker group that can place every one of `cells` (one node count): as many nodes, and on each as
+    many ranks as the widest cell; shaped like the widest DDP cell (its model, backend, environment)."""
+    widest = max(cells, key=lambda c: (c.step.mode != "single", c.workers_per_node))
+    per_node = max(c.workers_per_node for c in cells)
+    return replace(widest, world_size=widest.num_nodes * per_node)
+
+
 def plan_groups(
     pairs: list[tuple[Cell, int]], *, sweep_id: str, isolation: str = "group", calibrate: bool = False
 ) -> list[Group]:
-    """The pairs as groups: one per worker-group shape (`group`), or one per pair (`cell`). With
-    `calibrate`, every multi-rank group (the first of each shape under `cell`) starts with a calibration."""
+    """The pairs as groups: one per node count and environment (`sweep`: every cell on its own ranks of the
+    largest placement), one per worker-group shape (`group`), or one per pair (`cell`). With `calibrate`,
+    every multi-rank group (the first of each shape under `cell`) starts with a calibration."""
     by_key: dict[tuple, list[tuple[Cell, int]]] = {}
     for cell, repeat in pairs:
-        by_key.setdefault(cell.group_key, []).append((cell, repeat))
+        by_key.setdefault(cell.sweep_key if isolation == "sweep" else cell.group_key, []).append((cell, repeat))
     groups = []
     for key, members in by_key.items():
         key_id = _digest([sweep_id, list(key)], 8)
         seed = int(key_id, 16)
         slots = _rounds(members, seed)
-        cal = calibrate and members[0][0].world_size > 1
-        if isolation == "group":
+        host = host_cell([c for c, _ in members]) if isolation == "sweep" else members[0][0]
+        cal = calibrate and host.world_size > 1
+        if isolation in ("group", "sweep"):
             groups.append(
-                Group(group_id=key_id, isolation=isolation, order_seed=seed, slots=tuple(slots), calibrate=cal)
+                Group(
+                    group_id=key_id,
+                    isolation=isolation,
+                    order_seed=seed,
+                    slots=tuple(slots),
+                    calibrate=cal,
+                    shape=host if isolation == "sweep" else None,
+                )
             )
         else:
             groups += [
@@ -373,7 +407,8 @@ def cells_table(cells: list[Cell], repeats: int = 1, isolation: str = "group") -
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    groups = len({c.group_key for c in cells}) if isolation == "group" else len(cells) * repeats
+    keys = {"group": {c.group_key for c in cells}, "sweep": {c.sweep_key for c in cells}}
+    groups = len(keys[isolation]) if isolation in keys else len(cells) * repeats
     lines.append(
         f"{len(cells)} cells x {repeats} repeat(s) = {len(cells) * repeats} measurements in {groups} worker group(s)"
     )

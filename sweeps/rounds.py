@@ -123,4 +123,4 @@ def _rivals(group: Group) -> dict[str, int]:
 
 
 def _field(cell, name: str):
-    return getattr(cell.step, name, None)
+    return getattr(cell, name) if name in ("world_size", "num_nodes") else getattr(cell.step, name, None)

@@ -79,7 +79,7 @@ def build_row(
         "grad_compression": cell.step.grad_compression,
         "cpus_per_worker": ctx.cpus_per_worker,
         "placement": ctx.placement,
-        "backend": ctx.backend,
+        "backend": "none" if cell.step.mode == "single" else ctx.backend,  # a baseline may share a DDP group
         "isolation": ctx.isolation,
         "group_id": ctx.group_id,
         "round": slot.round,
@@ -92,7 +92,8 @@ def build_row(
         "eliminated_at_round": None,  # set by the trial's round planner on the rows of a dropped cell's last round
     }
     if done is not None:
-        row |= done.get("fingerprint", {}) | {k: done.get(k) for k in ("hosts", "rank_nodes", "network")}
+        placed = ("hosts", "rank_nodes", "network", "ranks", "host_world_size")
+        row |= done.get("fingerprint", {}) | {k: done.get(k) for k in placed}
         row |= (done.get("measurement") or {}) | (done.get("control") or {})
         per_node = done.get("ranks_per_node")
         row["workers_per_node_observed"] = max(per_node) if per_node else None

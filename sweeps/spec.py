@@ -24,7 +24,7 @@ from trainers.presets import PRESETS
 BACKENDS = ("auto", "nccl", "gloo")
 PLACEMENTS = ("auto", "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 GRID_MODES = ("ddp", "naive")
-ISOLATIONS = ("group", "cell")
+ISOLATIONS = ("sweep", "group", "cell")
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_")
 
 
@@ -133,9 +133,11 @@ class SweepSpec:
     calibrate: bool = False
     """Start every multi-rank worker group with an all-reduce sweep over message sizes on its own ranks
     (and a parameter broadcast); rows go to the `calibration` table."""
-    isolation: str = "group"
-    """`group`: cells that share a worker-group shape run on one warm TorchTrainer, a fresh DDP wrapper
-    each; `cell`: one TorchTrainer per (cell, repeat) (process isolation, the slow control)."""
+    isolation: str = "sweep"
+    """`sweep`: one warm TorchTrainer per node count (and environment) of the largest placement the sweep
+    needs, every cell measured on its own ranks of it (a baseline on rank 0, a 1x2 cell on two ranks of one
+    node), a fresh DDP wrapper each; `group`: one TorchTrainer per worker-group shape; `cell`: one
+    TorchTrainer per (cell, repeat) (process isolation, the slow control)."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra NCCL_*/GLOO_* variables for the workers."""
     results: str = "./ddpsweep-results"
@@ -354,8 +356,8 @@ def _validate_rounds(spec: SweepSpec) -> None:
         raise _fail("max_sweep_s", spec.max_sweep_s, "seconds in (0, 2592000], or null (no limit)")
     if spec.decides and spec.min_rounds > spec.rounds:
         raise _fail("min_rounds", spec.min_rounds, f"at most the rounds planned ({spec.rounds})")
-    if spec.decides and spec.isolation != "group":
-        raise _fail("isolation", spec.isolation, "group with search: race or repeats: auto (a group decides)")
+    if spec.decides and spec.isolation == "cell":
+        raise _fail("isolation", spec.isolation, "sweep or group with search: race or repeats: auto (a group decides)")
 
 
 def _validate_workload(spec: SweepSpec) -> None:

@@ -15,7 +15,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import ray
@@ -27,6 +27,7 @@ import torch.distributed as dist
 from sweeps import fingerprint
 from sweeps.grid import Group, Slot
 from sweeps.options import SLOWDOWN_ENV
+from sweeps.ranks import Layout, announce, wait_for
 from trainers.collectives import allreduce_sweep, broadcast_time, sizes_up_to
 from trainers.model import grad_bytes
 from trainers.stats import median_rel_half_width
@@ -81,10 +82,10 @@ def _injected_fault(cell_id: str) -> None:
         time.sleep(10**6)
 
 
-def _agreed_error(mine: str | None) -> str | None:
-    """Every rank's outcome of the cell (a collective): the first rank's error, or None if all succeeded."""
-    every: list = [None] * dist.get_world_size()
-    dist.all_gather_object(every, mine)
+def _agreed_error(mine: str | None, group: dist.ProcessGroup | None = None) -> str | None:
+    """Every rank's outcome of the cell (a collective over `group`): the first rank's error, or None."""
+    every: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, mine, group=group)
     return next((f"rank {r}: {e}" for r, e in enumerate(every) if e), None)
 
 
@@ -94,17 +95,21 @@ def injected_slowdown(cell_id: str) -> float:
     return next((float(f) for c, f in entries if c.strip() == cell_id), 0.0)
 
 
-def _measure(slot: Slot, device: torch.device, threads: int, template) -> tuple[dict | None, str | None]:
-    """One cell on this rank. An exception becomes this rank's error; the ranks then agree on the outcome."""
+def _measure(
+    slot: Slot, device: torch.device, threads: int, template, group: dist.ProcessGroup | None = None
+) -> tuple[dict | None, str | None]:
+    """One cell on this rank, one of `group`'s. An exception becomes this rank's error; the group's ranks then
+    agree on the outcome."""
     slowdown = injected_slowdown(slot.cell.cell_id)
     try:
         _injected_fault(slot.cell.cell_id)
-        measurement = run_cell(slot.cell.step, device, threads, template, slowdown)
+        measurement = run_cell(slot.cell.step, device, threads, template, slowdown, group)
         error = None
     except Exception as e:  # noqa: BLE001 — reported as the cell's error row; the group goes on
         measurement, error = None, f"{type(e).__name__}: {e}"
     release(device)
-    error = _agreed_error(error)
+    if slot.cell.step.mode != "single":
+        error = _agreed_error(error, group)
     planted = {"injected_slowdown": slowdown} if slowdown else {}
     return (measurement.to_dict() | planted if measurement else None), error
 
@@ -154,23 +159,39 @@ def _calibrate(group: Group, device: torch.device, template) -> dict:
     return {"kind": "calibration", "rows": [*rows, bcast]} if rows else {}
 
 
+@dataclass
+class Worker:
+    """What one rank holds for the whole group."""
+
+    group: Group
+    device: torch.device
+    threads: int
+    template: object  # trainers.workload.Built: every cell starts from a copy of its model
+    placement: list[dict]  # every rank's place, in rank order
+    layout: Layout | None  # isolation: sweep — each cell's ranks and process group
+    outbox: object | None  # rank 0 only: the trial's queue
+    info: dict  # rank 0: the fingerprint and the host's placement
+
+
 def train_fn_per_worker(config: dict) -> None:
-    """Measure every slot of the group in order; rank 0 posts start/done messages to the outbox."""
-    group, outbox, threads = Group.from_dict(config["group"]), config["outbox"], config["threads"]
+    """Measure every slot of the group, round by round; rank 0 posts start/done messages to the outbox."""
+    group, threads = Group.from_dict(config["group"]), config["threads"]
     device = ray.train.torch.get_device()
     rank0 = ray.train.get_context().get_world_rank() == 0
     placement = _placement()
+    layout = Layout.build(group, placement) if group.isolation == "sweep" else None
     info = {"fingerprint": fingerprint.collect(device)} | placement_info(placement) if rank0 else {}
     template = build_model(group.first.step, device)  # built once; every cell starts from a copy of it
+    w = Worker(group, device, threads, template, placement, layout, config["outbox"] if rank0 else None, info)
     _warm_up_group(group, device, threads, template)
     if group.calibrate:
         calibration = _calibrate(group, device, template)  # a wrong reduced value raises on every rank
         if rank0:
-            outbox.put(calibration | info)
+            w.outbox.put(calibration | info)
     for slots in rounds_of(group, config.get("inbox"), rank0):
         control = _control(group, device, threads, template)
         for slot in slots:
-            _measure_slot(slot, device, threads, template, outbox if rank0 else None, {"control": control, **info})
+            _measure_slot(w, slot, {"control": control})
 
 
 def rounds_of(group: Group, inbox, rank0: bool) -> Iterator[list[Slot]]:
@@ -189,14 +210,41 @@ def rounds_of(group: Group, inbox, rank0: bool) -> Iterator[list[Slot]]:
         yield [by_key[tuple(k)] for k in message[0]]
 
 
-def _measure_slot(slot: Slot, device: torch.device, threads: int, template, outbox, extra: dict) -> None:
-    """One (cell, repeat) on every rank; rank 0 (the one with an outbox) posts start, then done with `extra`
-    (the round's control, the group's fingerprint and placement)."""
-    key = [slot.cell.cell_id, slot.repeat]
+def _cell_ranks(w: Worker, slot: Slot) -> tuple[int, ...] | str:
+    """The ranks that measure the slot's cell (every rank outside `isolation: sweep`), or why none can."""
+    if w.layout is None:
+        return tuple(range(len(w.placement)))
+    return w.layout.ranks[slot.cell.cell_id]
+
+
+def _measure_slot(w: Worker, slot: Slot, extra: dict) -> None:
+    """One (cell, repeat): its ranks measure it while the others wait for rank 0's word; rank 0 (the one with
+    an outbox) posts start, then done with the measurement, `extra` (the round's control), the fingerprint
+    and the placement of the cell's own ranks."""
+    cell_id, repeat = slot.cell.cell_id, slot.repeat
+    ranks = _cell_ranks(w, slot)
+    if isinstance(ranks, tuple) and dist.get_rank() not in ranks:
+        wait_for(cell_id, repeat)
+        return
     started, t0 = datetime.now(UTC).isoformat(), time.perf_counter()
-    if outbox is not None:
-        outbox.put({"kind": "start", "key": key})
-    measurement, error = _measure(slot, device, threads, template)
-    if outbox is not None:
-        done = {"key": key, "started_at": started, "wall_s": time.perf_counter() - t0}
-        outbox.put({"kind": "done", **done, "measurement": measurement, "error": error, **extra})
+    if w.outbox is not None:
+        w.outbox.put({"kind": "start", "key": [cell_id, repeat]})
+    if isinstance(ranks, str):
+        measurement, error = None, f"not measured: {ranks}"
+    else:
+        group = w.layout.process_group(ranks) if w.layout else None
+        measurement, error = _measure(slot, w.device, w.threads, w.template, group)
+    if w.outbox is not None:
+        done = {"key": [cell_id, repeat], "started_at": started, "wall_s": time.perf_counter() - t0}
+        own = _own_placement(w, ranks)
+        w.outbox.put({"kind": "done", **done, "measurement": measurement, "error": error, **extra, **w.info, **own})
+    if w.layout is not None and isinstance(ranks, tuple) and len(ranks) < len(w.placement):
+        announce(cell_id, repeat)  # rank 0 (always one of the cell's ranks): the waiting ranks go on
+
+
+def _own_placement(w: Worker, ranks: tuple[int, ...] | str) -> dict:
+    """The placement of the ranks that measured the cell, and the host group's size."""
+    own = {"host_world_size": len(w.placement)}
+    if isinstance(ranks, tuple):
+        own |= placement_info([w.placement[r] for r in ranks]) | {"ranks": list(ranks)}
+    return own

@@ -43,7 +43,7 @@ def test_smoke_spec_end_to_end(tmp_path):
     assert len(rows) == 33  # 3 rounds x (2 baselines + 3 buckets x (gas 1 + gas 2 x no_sync both))
     assert set(rows["status"]) == {"ok"}
     assert sorted(rows.groupby("cell_id").size().unique()) == [3]
-    assert rows["group_id"].nunique() == 2 and set(rows["isolation"]) == {"group"}  # baselines; DDP cells
+    assert rows["group_id"].nunique() == 1 and set(rows["isolation"]) == {"sweep"}  # baselines and DDP cells
     assert (rows["step_ms"] > 0).all() and rows["replicas_in_sync"].all()
     expected_tps = rows["tokens_per_step"] / (rows["step_ms"] / 1e3)
     assert ((rows["tokens_per_s"] - expected_tps).abs() / expected_tps < 1e-9).all()
@@ -59,7 +59,8 @@ def test_smoke_spec_end_to_end(tmp_path):
     assert all(len(h) == 1 for h in rows["hosts"])
     assert "OMP_NUM_THREADS" in json.loads(rows["env"].iloc[0])
     assert out.count(" ok\n") == 33 and "best bucket" in out and "efficiency" in out
-    assert "33 of 33 measurements to run in 2 worker group(s)" in out
+    assert "33 of 33 measurements to run in 1 worker group(s)" in out
+    assert set(rows["host_world_size"]) == {2} and sorted(map(list, single["ranks"])) == [[0]] * 6
     assert "Configuration for experiment" not in out  # Ray's console noise stays out of the way
 
     # the store a real Ray sweep wrote answers queries and renders a report
@@ -75,12 +76,12 @@ def test_smoke_spec_end_to_end(tmp_path):
 @pytest.mark.ray
 def test_driver_killed_mid_group_then_resume_measures_only_the_missing_pairs(tmp_path):
     spec = tmp_path / "mini.yaml"
-    spec.write_text(SMOKE.read_text().replace("gas: [1, 2]", "gas: [1]"))  # 3 baselines, then 9 DDP measurements
+    spec.write_text(SMOKE.read_text().replace("gas: [1, 2]", "gas: [1]"))  # 3 rounds of a baseline and 3 buckets
     results = tmp_path / "store"
     proc = ddpsweep("run", str(spec), "--results", str(results), "--sweep-id", "interrupted")
     store = Store.open(str(results))
     deadline = time.time() + 300
-    while len(store.files()) < 4 and time.time() < deadline:  # 3 baseline rows, then the DDP group's first
+    while len(store.files()) < 4 and time.time() < deadline:  # the first round's rows
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)  # the driver dies in the middle of the DDP group
     proc.communicate()
@@ -165,5 +166,5 @@ def test_bad_spec_exits_2_before_ray_starts(tmp_path, text, field):
 def test_dry_run_prints_the_grid_and_writes_nothing(tmp_path):
     result = CliRunner().invoke(app, ["run", str(SMOKE), "--dry-run", "--results", str(tmp_path / "s")])
     assert result.exit_code == 0
-    assert result.output.strip().splitlines()[-1] == "11 cells x 3 repeat(s) = 33 measurements in 2 worker group(s)"
+    assert result.output.strip().splitlines()[-1] == "11 cells x 3 repeat(s) = 33 measurements in 1 worker group(s)"
     assert not ray.is_initialized() and not (tmp_path / "s").exists()

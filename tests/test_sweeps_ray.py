@@ -38,7 +38,7 @@ env: {{NCCL_DEBUG: WARN}}
 """
 
 
-def spec_text(buckets="[0.25, 25]", repeats=1, isolation="group", timeout=300, calibrate="false") -> str:
+def spec_text(buckets="[0.25, 25]", repeats=1, isolation="sweep", timeout=300, calibrate="false") -> str:
     return SPEC.format(buckets=buckets, repeats=repeats, isolation=isolation, timeout=timeout, calibrate=calibrate)
 
 
@@ -71,7 +71,7 @@ def test_group_measures_every_pair_in_rounds_and_a_failing_cell_is_its_own_error
     assert (bad.step.mode, bad.step.bucket_cap_mb) == ("ddp", 25.0)
     fault_file.write_text(f"{bad.cell_id} raise\n")
     plan = plan_sweep(spec, results=str(tmp_path))
-    assert [len(g.slots) for g in plan.groups()] == [2, 4]  # baselines; the DDP cells x 2 rounds
+    assert [len(g.slots) for g in plan.groups()] == [6]  # the baseline and the DDP cells x 2 rounds, one group
     first = execute(plan)
     assert sorted((r["cell_id"], r["repeat"]) for r in first.rows) == sorted(
         (c.cell_id, r) for c in (baseline, good, bad) for r in (0, 1)
@@ -82,7 +82,7 @@ def test_group_measures_every_pair_in_rounds_and_a_failing_cell_is_its_own_error
         assert ok or "fault injected" in r["error"]
         assert not ok or (r["replicas_in_sync"] and r["step_ms"] > 0 and r["setup_ms"] > 0)
         assert r["control_step_ms"] > 0 and r["control_rel_ci"] >= 0  # every round's control probe
-        assert r["isolation"] == "group" and r["round"] == r["repeat"] and r["group_setup_s"] > 0
+        assert r["isolation"] == "sweep" and r["round"] == r["repeat"] and r["group_setup_s"] > 0
         assert not ok or (r["timed_steps_run"] == 3 and r["converged"] is None)  # fixed timing
     ddp = [r for r in first.rows if r["world_size"] == 2]
     assert len({r["group_id"] for r in ddp}) == 1  # one warm worker group for all four DDP measurements
@@ -117,7 +117,7 @@ def test_group_measures_every_pair_in_rounds_and_a_failing_cell_is_its_own_error
 
 
 def test_hung_cell_times_out_and_the_rest_of_its_group_runs_in_a_fresh_group(fault_file, tmp_path):
-    spec = parse_spec(spec_text(buckets="[0.25, 1, 25]", timeout=30))
+    spec = parse_spec(spec_text(buckets="[0.25, 1, 25]", timeout=30, isolation="group"))
     plan = plan_sweep(spec, results=str(tmp_path), sweep_id="hang-1")
     ddp_group = next(g for g in plan.groups() if g.first.world_size == 2)
     hung = ddp_group.slots[0].cell  # the first of its round: everything else is still to measure
@@ -184,3 +184,21 @@ def test_a_race_drops_planted_slow_cells_and_auto_rounds_stop_once_resolved(faul
     assert "rounds auto, workers=2 gas=1 no_sync=false: resolved after" in summary and "race: " in summary
     ran = [(r["round"], r["order_in_round"]) for r in sorted(ddp, key=lambda r: r["started_at"])]
     assert ran == sorted(ran)  # round by round, each in its planned order (less the dropped cells)
+
+
+def test_one_worker_group_measures_every_placement_on_its_own_ranks(fault_file, tmp_path):
+    fault_file.write_text("")
+    text = spec_text(buckets="[25]", isolation="sweep").replace("workers: [2]", "workers: [1, 2]")
+    plan = plan_sweep(parse_spec(text), results=str(tmp_path))
+    (group,) = plan.groups()  # baselines, 1x1 and 1x2 DDP: one worker group of two ranks
+    assert group.first.world_size == 2 and len(group.slots) == 3
+    rows = execute(plan).rows
+    assert len(rows) == 3 and all(r["status"] == "ok" and r["replicas_in_sync"] for r in rows), rows
+    assert {r["host_world_size"] for r in rows} == {2} and len({r["group_id"] for r in rows}) == 1
+    by_mode = {(r["mode"], r["world_size"]): r for r in rows}
+    assert by_mode[("single", 1)]["ranks"] == [0] and by_mode[("single", 1)]["backend"] == "none"
+    assert by_mode[("ddp", 1)]["ranks"] == [0] and by_mode[("ddp", 2)]["ranks"] == [0, 1]
+    assert [len(r["rank_nodes"]) for r in rows] == [len(r["ranks"]) for r in rows]
+    assert (
+        by_mode[("ddp", 2)]["workers_per_node_observed"] == 2 and by_mode[("ddp", 1)]["workers_per_node_observed"] == 1
+    )

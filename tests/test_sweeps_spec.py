@@ -120,6 +120,8 @@ def test_naive_mode_ignores_buckets_and_dry_run_table_counts_trials():
     assert sum(c.step.mode == "naive" for c in cells) == 1
     text = cells_table(cells, spec.repeats)
     assert text.splitlines()[-1] == "5 cells x 2 repeat(s) = 10 measurements in 2 worker group(s)"
+    one = cells_table(cells, spec.repeats, spec.isolation)  # the default, isolation: sweep
+    assert one.splitlines()[-1] == "5 cells x 2 repeat(s) = 10 measurements in 1 worker group(s)"
     assert text.count("naive") == 1
 
 

@@ -33,6 +33,7 @@ class CommTrace:
     cuda: bool
     inner: Callable | None = None
     inner_state: object = None
+    group: dist.ProcessGroup | None = None  # the cell's ranks (None: the default group)
     recording: bool = False
     events: list[tuple[int, object, object]] = field(default_factory=list)  # (bucket, launch, done)
     steps: list[list[tuple[int, float, float]]] = field(default_factory=list)  # ms from the step's first launch
@@ -72,7 +73,7 @@ def traced_hook(state: CommTrace, bucket: dist.GradBucket) -> torch.futures.Futu
     launch = state._now() if state.recording else None
     if state.inner is None:
         tensor = bucket.buffer().div_(state.world_size)
-        fut = dist.all_reduce(tensor, async_op=True).get_future().then(lambda f: f.value()[0])
+        fut = dist.all_reduce(tensor, group=state.group, async_op=True).get_future().then(lambda f: f.value()[0])
     else:
         fut = state.inner(state.inner_state, bucket)
 

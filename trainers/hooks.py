@@ -21,23 +21,23 @@ from trainers.config import StepConfig
 HookFn = Callable  # (state, GradBucket) -> Future[Tensor]
 
 
-def comm_hook(cfg: StepConfig) -> tuple[HookFn | None, object]:
-    """(hook, state) for the cell; (None, None) for DDP's built-in all-reduce (a trace then does the same
-    arithmetic itself: trainers.commtrace)."""
+def comm_hook(cfg: StepConfig, group: dist.ProcessGroup | None = None) -> tuple[HookFn | None, object]:
+    """(hook, state) for the cell on `group` (None: the default group); (None, None) for DDP's built-in
+    all-reduce (a trace then does the same arithmetic itself: trainers.commtrace)."""
     if cfg.comm_hook == "fp16":
-        return default_hooks.fp16_compress_hook, None  # state: the process group (None: the default one)
+        return default_hooks.fp16_compress_hook, group  # state: the process group (None: the default one)
     if cfg.comm_hook == "bf16":
-        return default_hooks.bf16_compress_hook, None
+        return default_hooks.bf16_compress_hook, group
     if cfg.comm_hook == "powersgd":
         state = powerSGD_hook.PowerSGDState(
-            process_group=None,
+            process_group=group,
             matrix_approximation_rank=cfg.powersgd_rank,
             start_powerSGD_iter=cfg.powersgd_start_iter,
             use_error_feedback=True,
             warm_start=True,
             random_seed=cfg.seed,
         )
-        if dist.get_backend() == "gloo":
+        if dist.get_backend(group) == "gloo":
             return bucket_by_bucket(powerSGD_hook.powerSGD_hook), state
         return powerSGD_hook.powerSGD_hook, state
     return None, None

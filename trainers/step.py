@@ -43,6 +43,7 @@ class Replica:
     device: torch.device
     trace: CommTrace | None = None  # trace_comm: the comm hook's record
     tokens_per_sample: int | None = None
+    group: dist.ProcessGroup | None = None  # the ranks this cell runs on (None: every rank of the world)
 
 
 def distributed(cfg: StepConfig) -> bool:
@@ -63,18 +64,21 @@ def build_model(cfg: StepConfig, device: torch.device) -> Built:
     return workload.build(cfg, device)
 
 
-def setup_replica(cfg: StepConfig, device: torch.device, template: Built | None = None) -> Replica:
-    """A fresh replica: `template`'s weights copied (or a seeded build), a new optimizer and wrapper."""
+def setup_replica(
+    cfg: StepConfig, device: torch.device, template: Built | None = None, group: dist.ProcessGroup | None = None
+) -> Replica:
+    """A fresh replica: `template`'s weights copied (or a seeded build), a new optimizer and wrapper, on the
+    ranks of `group` (None: the whole world; its rank 0 must be the world's rank 0)."""
     built = template if template is not None else build_model(cfg, device)
     model = copy.deepcopy(built.model)
-    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed(cfg) else (0, 1)
+    rank, world = (dist.get_rank(group), dist.get_world_size(group)) if distributed(cfg) else (0, 1)
     module: nn.Module = model
     trace = None
     if cfg.mode == "ddp":
-        module, trace = wrap_ddp(model, cfg, device, world)
+        module, trace = wrap_ddp(model, cfg, device, world, group)
     elif cfg.mode == "naive":
         for p in model.parameters():  # start from rank 0's weights, as DDP does
-            dist.broadcast(p.data, src=0)
+            dist.broadcast(p.data, src=0, group=group)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=device.type == "cuda")
     batches = make_batches(built, cfg, rank, device)
     return Replica(
@@ -88,24 +92,28 @@ def setup_replica(cfg: StepConfig, device: torch.device, template: Built | None 
         device=device,
         trace=trace,
         tokens_per_sample=built.tokens_per_sample,
+        group=group,
     )
 
 
-def wrap_ddp(model: nn.Module, cfg: StepConfig, device: torch.device, world: int) -> tuple[DDP, CommTrace | None]:
-    """DDP with the cell's bucket sizes, static_graph, broadcast_buffers and communication hook; with
-    trace_comm, the hook runs inside the trace (which records its collectives and bytes)."""
+def wrap_ddp(
+    model: nn.Module, cfg: StepConfig, device: torch.device, world: int, group: dist.ProcessGroup | None = None
+) -> tuple[DDP, CommTrace | None]:
+    """DDP over `group` with the cell's bucket sizes, static_graph, broadcast_buffers and communication hook;
+    with trace_comm, the hook runs inside the trace (which records its collectives and bytes)."""
     module = DDP(
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
+        process_group=group,
         bucket_cap_mb=cfg.bucket_cap_mb,
         gradient_as_bucket_view=cfg.gradient_as_bucket_view,
         static_graph=cfg.static_graph,
         broadcast_buffers=cfg.broadcast_buffers,
         **first_bucket_kwargs(cfg),
     )
-    hook, state = hooks.comm_hook(cfg)
+    hook, state = hooks.comm_hook(cfg, group)
     if cfg.trace_comm:
-        trace = CommTrace(world_size=world, cuda=device.type == "cuda", inner=hook, inner_state=state)
+        trace = CommTrace(world_size=world, cuda=device.type == "cuda", inner=hook, inner_state=state, group=group)
         module.register_comm_hook(trace, traced_hook)
         return module, trace
     if hook is not None:
@@ -126,7 +134,7 @@ def _naive_all_reduce(rep: Replica) -> None:
     """The seed's naive DP: one blocking all_reduce per .grad after backward, then average."""
     for p in rep.model.parameters():
         if p.grad is not None:
-            dist.all_reduce(p.grad)
+            dist.all_reduce(p.grad, group=rep.group)
             p.grad.div_(rep.world_size)
 
 
@@ -161,11 +169,11 @@ def params_checksum(model: nn.Module) -> int:
     return total
 
 
-def replicas_in_sync(model: nn.Module, device: torch.device) -> bool:
-    """All-gather every rank's checksum; True when all are equal. Collective: call on every rank."""
+def replicas_in_sync(model: nn.Module, device: torch.device, group: dist.ProcessGroup | None = None) -> bool:
+    """All-gather every rank's checksum; True when all are equal. Collective: call on every rank of `group`."""
     mine = torch.tensor([params_checksum(model)], dtype=torch.int64, device=device)
-    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, mine)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(every, mine, group=group)
     return all(int(t) == int(mine) for t in every)
 
 
@@ -234,25 +242,31 @@ def bucket_sizes(module: nn.Module) -> list[int]:
     return [int(s) for s in str(text).split(",") if s.strip()]
 
 
-def gather_max(values: list[float], device: torch.device) -> list[float]:
-    """Element-wise max over ranks (after the timed loop: never inside it)."""
+def gather_max(values: list[float], device: torch.device, group: dist.ProcessGroup | None = None) -> list[float]:
+    """Element-wise max over the ranks of `group` (after the timed loop: never inside it)."""
     mine = torch.tensor(values, dtype=torch.float64, device=device)
-    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, mine)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(every, mine, group=group)
     return torch.stack(every).max(dim=0).values.tolist()
 
 
 def run_cell(
-    cfg: StepConfig, device: torch.device, num_threads: int, template: Built | None = None, slowdown: float = 0.0
+    cfg: StepConfig,
+    device: torch.device,
+    num_threads: int,
+    template: Built | None = None,
+    slowdown: float = 0.0,
+    group: dist.ProcessGroup | None = None,
 ) -> Measurement | None:
-    """Set up, warm up, time `timed_steps` steps, check replicas. Returns the measurement on rank 0, else None.
-    `slowdown` (benchmarks only, see `slowed`): each timed step made that fraction slower."""
+    """Set up, warm up, time `timed_steps` steps, check replicas, on the ranks of `group` (None: every rank).
+    Returns the measurement on the group's rank 0, else None. `slowdown` (benchmarks only, see `slowed`):
+    each timed step made that fraction slower."""
     if device.type == "cpu":
         torch.set_num_threads(num_threads)
     window = reset_peak_memory(device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     t0 = time.perf_counter()
-    rep = setup_replica(cfg, device, template)
+    rep = setup_replica(cfg, device, template, group)
     sync()
     setup_ms = (time.perf_counter() - t0) * 1e3
     t0 = time.perf_counter()
@@ -261,13 +275,13 @@ def run_cell(
     sync()
     warmup_ms = (time.perf_counter() - t0) * 1e3
     if distributed(cfg):
-        dist.barrier()
+        dist.barrier(group=group)
     times, converged = timed_phase(cfg, rep, device, sync, slowdown)
     in_sync, peak = True, peak_memory_bytes(device, window)
     if distributed(cfg):
-        peak = None if peak is None else int(gather_max([float(peak)], device)[0])
-        in_sync = replicas_in_sync(rep.model, device)
-        if dist.get_rank() != 0:
+        peak = None if peak is None else int(gather_max([float(peak)], device, group)[0])
+        in_sync = replicas_in_sync(rep.model, device, group)
+        if dist.get_rank(group) != 0:
             return None
     m = _measurement(cfg, rep, device, times, peak, in_sync, num_threads, (setup_ms, warmup_ms))
     traced = summarize_trace(rep.trace) if rep.trace else {}
@@ -294,7 +308,7 @@ def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Calla
     Adaptive: batches of `timed_steps` until the median's interval is within ±target_rel_ci, or
     max_timed_steps / max_cell_s is reached. Between batches the ranks gather their times (outside any
     timed step), so every rank takes the same decision from the same numbers."""
-    gather = (lambda t: gather_max(t, device)) if distributed(cfg) else (lambda t: t)
+    gather = (lambda t: gather_max(t, device, rep.group)) if distributed(cfg) else (lambda t: t)
     trace = rep.trace
     around = (trace.start_step, trace.end_step) if trace else (lambda: None, lambda: None)
     step = slowed(lambda: train_step(rep), slowdown, sync)
@@ -326,7 +340,7 @@ def _measurement(
     samples = cfg.samples_per_rank * rep.world_size  # global samples per optimizer step
     tokens = None if rep.tokens_per_sample is None else samples * rep.tokens_per_sample
     return Measurement(
-        backend=dist.get_backend() if distributed(cfg) else "none",
+        backend=dist.get_backend(rep.group) if distributed(cfg) else "none",
         device_type=device.type,
         n_params=n_params(rep.model),
         grad_bytes=grad_bytes(rep.model),
