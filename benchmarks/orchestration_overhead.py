@@ -1,13 +1,14 @@
-"""Where does a sweep's time go? The smoke spec end to end through `ddpsweep run` with `isolation: group`
-(warm worker groups) and `isolation: cell` (one TorchTrainer per measurement), beside the seed's way
-(one torchrun launch of trainers.bench per measurement), all in one run.
+"""Where does a sweep's time go? The smoke spec end to end through `ddpsweep run` with `isolation: sweep`
+(one worker group for every placement) and `isolation: group` (one per worker-group shape), twice each in
+alternating order (sweep, group, group, sweep), in one run; optionally `isolation: cell` (one TorchTrainer
+per measurement) and the seed's way (one torchrun launch of trainers.bench per measurement).
 
-    python benchmarks/orchestration_overhead.py [--spec sweeps/specs/smoke.yaml] [--repeats 3]
+    python benchmarks/orchestration_overhead.py [--spec sweeps/specs/smoke.yaml] [--repeats 3] [--controls]
 
-Prints: whole-sweep wall time of each path; sweep start (command start -> first worker group launched)
-and group start (launch -> workers ready for the first cell) separately; the marginal overhead per
-measurement inside a group, (group wall - group start - sum of warm-up and timed step time) / measurements;
-and per cell, step_ms measured in a warm group / in its own TorchTrainer (median over repeats).
+Prints: whole-sweep wall time of each path and sweep / group; per group its start (launch -> workers
+ready for the first cell) with its parts, its measuring time and the marginal overhead per measurement;
+per cell, step_ms under sweep / group isolation with the 95% interval of the ratio (results.compare: the
+two sweeps are resampled independently), for each pair of runs.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,6 +28,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from results.compare import compare  # noqa: E402
 from results.store import load  # noqa: E402
 from sweeps.grid import Cell, expand  # noqa: E402
 from sweeps.spec import SweepSpec, load_spec  # noqa: E402
@@ -36,7 +37,8 @@ from sweeps.spec import SweepSpec, load_spec  # noqa: E402
 def run_sweep(spec: SweepSpec, isolation: str, results: str) -> tuple[float, float, pd.DataFrame]:
     """(wall s, command start -> first group launch s, rows) of `ddpsweep run` as a user runs it."""
     path = Path(results) / f"{isolation}.yaml"
-    path.write_text(yaml.safe_dump(dataclasses.asdict(dataclasses.replace(spec, isolation=isolation))))
+    fields = dataclasses.asdict(dataclasses.replace(spec, isolation=isolation.split("-")[0]))
+    path.write_text(yaml.safe_dump({k: v for k, v in fields.items() if v is not None}))
     start = pd.Timestamp.now(tz="UTC")
     t0 = time.perf_counter()
     subprocess.run(
@@ -122,43 +124,36 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--spec", default=str(ROOT / "sweeps/specs/smoke.yaml"))
     ap.add_argument("--repeats", type=int, default=None, help="override the spec's repeats (rounds)")
+    ap.add_argument("--controls", action="store_true", help="also isolation: cell and a torchrun loop (slow)")
     args = ap.parse_args()
     spec = load_spec(args.spec)
     spec = dataclasses.replace(spec, repeats=args.repeats or spec.repeats)
     n = len(expand(spec)) * spec.repeats
+    print(f"{spec.name}: {n} measurements ({len(expand(spec))} cells x {spec.repeats} rounds)\n")
+    walls, frames = {}, []
     with tempfile.TemporaryDirectory() as tmp:
-        g_wall, g_sweep_start, g_rows = run_sweep(spec, "group", tmp)
-        c_wall, _, c_rows = run_sweep(spec, "cell", tmp)
-    device = "cuda" if spec.use_gpu is True else "cpu"
-    t_wall, t_ms = torchrun_loop(expand(spec), spec.repeats, max(1, int(spec.cpus_per_worker)), device)
-    figs = group_figures(g_rows)
-    print(f"{spec.name}: {n} measurements ({len(expand(spec))} cells x {spec.repeats} rounds) on {device}\n")
-    print(
-        f"whole sweep   isolation=group {g_wall:6.1f} s | isolation=cell {c_wall:6.1f} s | "
-        f"torchrun relaunch loop {t_wall:6.1f} s"
-    )
-    print(f"speed-up      group vs cell {c_wall / g_wall:.1f}x, group vs torchrun loop {t_wall / g_wall:.1f}x")
-    print(f"sweep start   {g_sweep_start:.1f} s (command start -> first worker group launched)")
-    for f in figs.itertuples():
+        for label in ("sweep-1", "group-1", "group-2", "sweep-2", *(["cell-1"] if args.controls else [])):
+            walls[label], _, rows = run_sweep(spec, label, tmp)
+            frames.append(rows)
+            print(f"{label:8} {walls[label]:6.1f} s, {rows['group_id'].nunique()} worker group(s)")
+            for f in group_figures(rows).itertuples():
+                print(
+                    f"  group {f.group_id:<10} {f.n:3d} measurements: wall {f.wall_s:5.1f} s, start "
+                    f"{f.group_start_s:4.1f} s, measuring {f.work_s:5.1f} s, marginal {f.marginal_s:.3f} s each"
+                )
+    for k in (1, 2):
+        print(f"wall, sweep-{k} / group-{k}: {walls[f'sweep-{k}'] / walls[f'group-{k}']:.2f}")
+    rows = pd.concat(frames, ignore_index=True)
+    for k in (1, 2):
+        out = compare(rows, f"group-{k}", f"sweep-{k}")
         print(
-            f"group {f.group_id:<10} {f.n:3d} measurements: wall {f.wall_s:5.1f} s, group start "
-            f"{f.group_start_s:4.1f} s, measuring {f.work_s:5.1f} s, marginal {f.marginal_s:.3f} s/measurement"
+            f"step_ms sweep-{k} / group-{k} per cell: ratios {out['ratio'].min():.3f}..{out['ratio'].max():.3f}, "
+            f"intervals excluding 1: {int(out['significant'].sum())} of {len(out)}"
         )
-    marginal = (figs["wall_s"] - figs["group_start_s"] - figs["work_s"]).sum() / figs["n"].sum()
-    print(f"marginal overhead per measurement inside a group: {marginal:.3f} s (target <= 0.3 s)")
-    g_med, c_med = (r.groupby("cell_id")["step_ms"].median() for r in (g_rows, c_rows))
-    ratio = (g_med / c_med).dropna()
-    t_ratio = g_med / pd.Series({k: statistics.median(v) for k, v in t_ms.items()})
-    print(
-        f"\nstep_ms group / cell isolation, per cell: median {ratio.median():.3f}, "
-        f"range {ratio.min():.3f}..{ratio.max():.3f} over {len(ratio)} cells (target 1.00 +- 0.03)"
-    )
-    print(
-        f"step_ms group / torchrun, per cell:       median {t_ratio.median():.3f}, "
-        f"range {t_ratio.min():.3f}..{t_ratio.max():.3f}"
-    )
-    cv = pd.concat([g_rows, c_rows]).groupby(["cluster", "cell_id"])["step_ms"].agg(lambda s: s.std() / s.mean())
-    print(f"between-repeat CV of step_ms (same cell, same mode): median {cv.median():.3f}, max {cv.max():.3f}")
+    if args.controls:
+        device = "cuda" if spec.use_gpu is True else "cpu"
+        t_wall, _ = torchrun_loop(expand(spec), spec.repeats, max(1, int(spec.cpus_per_worker)), device)
+        print(f"controls: isolation=cell {walls['cell-1']:.1f} s, torchrun relaunch loop {t_wall:.1f} s")
 
 
 if __name__ == "__main__":

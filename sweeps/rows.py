@@ -26,6 +26,7 @@ class RowContext:
     order_seed: int
     group_started_at: datetime
     group_setup_s: float | None = None  # known once the workers announce their first cell
+    group_setup_parts: str | None = None  # JSON: the group's start in parts (sweeps.trial.setup_parts)
     search: str = "grid"  # grid | race (results.racing)
     target_rel: float | None = None  # repeats: auto — the difference its rounds aim to resolve
 
@@ -87,6 +88,7 @@ def build_row(
         "order_seed": ctx.order_seed,
         "group_started_at": ctx.group_started_at,
         "group_setup_s": ctx.group_setup_s,
+        "group_setup_parts": ctx.group_setup_parts,
         "search": ctx.search,
         "target_rel": ctx.target_rel,
         "eliminated_at_round": None,  # set by the trial's round planner on the rows of a dropped cell's last round

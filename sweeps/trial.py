@@ -68,7 +68,7 @@ class GroupRun:
         self.group, self.opts, self.planner = group, opts, planner
         self.slots = {(s.cell.cell_id, s.repeat): s for s in group.slots}
         self.ctx = row_context(group, opts, now())
-        self.t0 = time.perf_counter()
+        self.t0, self.t0_wall = time.perf_counter(), time.time()
         self.running: tuple[Slot, datetime, float] | None = None
         self.deadline = self.t0 + opts.cell_timeout_s  # the worker group's start counts toward the first cell
         self.outbox = Queue(actor_options={"num_cpus": 0})
@@ -83,6 +83,9 @@ class GroupRun:
     def _on_message(self, msg: dict) -> list[dict]:
         if msg["kind"] == "calibration":
             return [{"calibration": calibration_rows(msg, self.ctx, self.group.first)}]
+        if msg["kind"] == "setup":
+            self.ctx = replace(self.ctx, group_setup_parts=setup_parts(self.t0_wall, msg["marks"]))
+            return []
         slot = self.slots[tuple(msg["key"])]
         t = time.perf_counter()
         if msg["kind"] == "start":
@@ -128,6 +131,18 @@ class GroupRun:
             return None
         slot, started, t = self.running
         return build_row(slot, self.ctx, started=started, wall_s=time.perf_counter() - t, error=message)
+
+
+def setup_parts(launched: float, marks: dict[str, float]) -> str:
+    """The group's start in parts (s, JSON): `workers_running` (TorchTrainer launched -> the worker function
+    runs: Ray Train's controller, placement group and worker processes), `process_groups` (the ranks'
+    placement gathered, subgroups made), `model` (fingerprint and template model), `warm_up` (the unrecorded
+    first cell), `calibration` (where asked)."""
+    parts, previous = {}, launched
+    for name, t in marks.items():
+        parts[name] = round(t - previous, 3)
+        previous = t
+    return json.dumps(parts)
 
 
 def _fit_error(ref: ray.ObjectRef) -> str | None:

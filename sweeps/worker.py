@@ -175,19 +175,26 @@ class Worker:
 
 def train_fn_per_worker(config: dict) -> None:
     """Measure every slot of the group, round by round; rank 0 posts start/done messages to the outbox."""
+    marks = {"workers_running": time.time()}  # the group's start, part by part (wall clock, for the trial)
     group, threads = Group.from_dict(config["group"]), config["threads"]
     device = ray.train.torch.get_device()
     rank0 = ray.train.get_context().get_world_rank() == 0
     placement = _placement()
     layout = Layout.build(group, placement) if group.isolation == "sweep" else None
+    marks["process_groups"] = time.time()
     info = {"fingerprint": fingerprint.collect(device)} | placement_info(placement) if rank0 else {}
     template = build_model(group.first.step, device)  # built once; every cell starts from a copy of it
+    marks["model"] = time.time()
     w = Worker(group, device, threads, template, placement, layout, config["outbox"] if rank0 else None, info)
     _warm_up_group(group, device, threads, template)
+    marks["warm_up"] = time.time()
     if group.calibrate:
         calibration = _calibrate(group, device, template)  # a wrong reduced value raises on every rank
+        marks["calibration"] = time.time()
         if rank0:
             w.outbox.put(calibration | info)
+    if rank0:
+        w.outbox.put({"kind": "setup", "marks": marks})
     for slots in rounds_of(group, config.get("inbox"), rank0):
         control = _control(group, device, threads, template)
         for slot in slots:

@@ -137,3 +137,23 @@ def test_decision_settings_are_checked_by_name(fields, field):
 def test_auto_plans_max_rounds():
     s = spec(repeats="auto", max_rounds=6)
     assert s.rounds == 6 and s.decides and planner_for(s).rule.auto
+
+
+def test_each_cell_gets_the_first_ranks_of_each_node_of_the_host_group():
+    from sweeps.grid import host_cell
+    from sweeps.ranks import ranks_for
+
+    s = SweepSpec(name="t", topology=["1x1", "1x2", "2x1", "2x2"], bucket_cap_mb=[25], use_gpu=False, backend="gloo")
+    cells = {c.topology if c.step.mode == "ddp" else "single": c for c in expand(s)}
+    assert host_cell([cells["1x1"], cells["1x2"], cells["single"]]).world_size == 2
+    assert host_cell([cells["2x1"], cells["2x2"]]).world_size == 4
+    two_nodes = [{"node": n} for n in ("a", "b", "a", "b")]  # ranks need not be packed node by node
+    assert ranks_for(cells["2x1"], two_nodes) == (0, 1) and ranks_for(cells["2x2"], two_nodes) == (0, 1, 2, 3)
+    assert ranks_for(cells["single"], two_nodes) == (0,)
+    one_node = [{"node": "a"}, {"node": "a"}]
+    assert ranks_for(cells["1x2"], one_node) == (0, 1) and ranks_for(cells["1x1"], one_node) == (0,)
+    assert "needs 2" in ranks_for(cells["2x1"], one_node)  # cannot be formed: an error row says why
+    uneven = [{"node": "a"}, {"node": "a"}, {"node": "b"}]
+    assert "holds 1 rank(s); topology 2x2 needs 2" in ranks_for(cells["2x2"], uneven)
+    groups = plan_groups([(c, 0) for c in cells.values()], sweep_id="t", isolation="sweep")
+    assert sorted(g.first.world_size for g in groups) == [2, 4]  # one worker group per node count

@@ -202,3 +202,6 @@ def test_one_worker_group_measures_every_placement_on_its_own_ranks(fault_file, 
     assert (
         by_mode[("ddp", 2)]["workers_per_node_observed"] == 2 and by_mode[("ddp", 1)]["workers_per_node_observed"] == 1
     )
+    parts = json.loads(rows[0]["group_setup_parts"])  # the group's start in parts, each measured
+    assert list(parts) == ["workers_running", "process_groups", "model", "warm_up"] and min(parts.values()) >= 0
+    assert sum(parts.values()) <= rows[0]["group_setup_s"] + 0.5
