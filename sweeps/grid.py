@@ -90,20 +90,7 @@ class Cell:
     def group_key(self) -> tuple:
         """What shapes a worker group: cells with the same key can share one (and its template model).
         Baselines always form their own group, also beside DDP cells at world size 1."""
-        s = self.step
-        return (
-            s.mode == "single",
-            self.world_size,
-            self.num_nodes,
-            self.backend,
-            s.model,
-            s.workload_args,
-            s.workload_fingerprint,
-            s.micro_batch,
-            s.seq_len,
-            s.seed,
-            self.env,
-        )
+        return (self.step.mode == "single", self.world_size, *self.sweep_key)
 
     @property
     def sweep_key(self) -> tuple:
