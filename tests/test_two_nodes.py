@@ -73,6 +73,9 @@ def test_the_cross_node_cell_is_slower_because_of_the_link(two_nodes, tmp_path):
     rows = load(results)
     ok = rows[rows["status"] == "ok"]
     assert len(ok) == len(rows) == 20, rows[["cell_id", "status", "error"]]  # 5 x (baseline + 1x1 + 1x2 + 2x1)
+    groups = rows.groupby("num_nodes")["group_id"].nunique()
+    assert groups.to_dict() == {1: 1, 2: 1}  # isolation: sweep — one worker group per node count
+    assert set(rows.loc[rows["num_nodes"] == 1, "host_world_size"]) == {2}  # baseline, 1x1, 1x2 on one 2-rank group
     ddp = ok[ok["mode"] == "ddp"]
     cross, packed = ddp[ddp["num_nodes"] == 2], ddp[(ddp["num_nodes"] == 1) & (ddp["world_size"] == 2)]
     assert cross["step_ms"].min() > packed["step_ms"].max()  # every run across the link slower than every run within
