@@ -2,12 +2,12 @@
 answer is known (`repeats: auto`). Pure functions over the rows a worker group has produced so far; the trial
 calls them after every round (sweeps/trial.py), benchmarks/race_check.py on simulated rounds.
 
-The race (F-Race's idea, Birattari 2002, with a bootstrap test in place of Friedman's): after `min_rounds`
-rounds, and after every round from then on, each curve's leader is its cell with the lowest median step; a cell
-whose round-blocked ratio to the leader has its lower bound above 1 + tolerance is measured no more. The lower
-bound is a one-sided bootstrap quantile at level alpha / (looks x rivals): Bonferroni over the planned looks
-(max_rounds - min_rounds + 1) and over the cells compared with the leader, so the chance that a race ever drops
-a cell no slower than 1 + tolerance stays under alpha however many rounds it looks at.
+The race (F-Race's idea, Birattari 2002, with a bootstrap test in place of Friedman's): at each planned look
+(after min_rounds rounds, then about every 1.5x as many: Rule.looks_at), each curve's leader is its cell with
+the lowest median step; a cell whose round-blocked ratio to the leader has its lower bound above 1 + tolerance
+is measured no more. The lower bound is a one-sided bootstrap quantile at level alpha / (looks x rivals):
+Bonferroni over the planned looks and over the cells compared with the leader, so the chance that a race ever
+drops a cell no slower than 1 + tolerance stays under alpha however many rounds it runs.
 
 A curve is resolved when every remaining cell is decided against its leader: their 95% interval excludes 1
 (told apart), or lies within 1 ± target_rel (equal for any purpose the target serves).
@@ -15,6 +15,7 @@ A curve is resolved when every remaining cell is decided against its leader: the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,8 +55,18 @@ class Rule:
             raise ValueError(f"min_rounds: 1..max_rounds ({self.max_rounds}), got {self.min_rounds}")
 
     @property
+    def looks_at(self) -> tuple[int, ...]:
+        """The rounds after which the group looks (1-based counts): min_rounds, then each about 1.5x the
+        last, and max_rounds. Planned before the first round, so the Bonferroni count is fixed; a geometric
+        schedule keeps that count small (6 looks up to 24 rounds), so a long race does not lose its power."""
+        rounds = [self.min_rounds]
+        while rounds[-1] < self.max_rounds:
+            rounds.append(min(self.max_rounds, max(rounds[-1] + 1, math.ceil(rounds[-1] * 1.5))))
+        return tuple(rounds)
+
+    @property
     def looks(self) -> int:
-        return self.max_rounds - self.min_rounds + 1
+        return len(self.looks_at)
 
     def level(self, rivals: int) -> float:
         """One-sided level of each comparison at each look."""

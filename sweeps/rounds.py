@@ -60,13 +60,14 @@ class RoundPlanner:
         if row["status"] == "ok":
             self.ok_rows.append(row)
         self.held.append(row)
-        looked_at = self.order.index(r) + 1 >= self.rule.min_rounds  # a look follows this round
-        if not looked_at:
-            return self._release(), [] if self.waiting.get(r) or self.next_index < len(self.order) else [self._next()]
+        done = self.order.index(r) + 1  # rounds complete once this one is
+        look = done in self.rule.looks_at
         if self.waiting.get(r):
-            return [], []  # held until the round's look
-        return self._after_round(r)
-
+            return ([] if look else self._release()), []  # a look's rows wait for it
+        if look:
+            return self._after_round(r)
+        presend = done < self.rule.min_rounds and self.next_index < len(self.order)  # already sent
+        return self._release(), [] if presend else [self._next(look=False)]
     def _release(self) -> list[dict]:
         out, self.held = self.held, []
         return out
@@ -80,13 +81,13 @@ class RoundPlanner:
                 self.eliminated_at[cell_id] = r
         for row in self.held:
             row["eliminated_at_round"] = self.eliminated_at.get(row["cell_id"])
-        return self._release(), [self._next()]
+        return self._release(), [self._next(look=True)]
 
-    def _next(self) -> list[Key]:
-        """The next round's keys, or [] to end the group (and why)."""
+    def _next(self, look: bool) -> list[Key]:
+        """The next round's keys, or [] to end the group (and why); `auto` ends it only after a look."""
         if self.next_index >= len(self.order):
             self.reason = f"max_rounds ({len(self.order)}) reached"
-        elif self.rule.auto and self._resolved():
+        elif look and self.rule.auto and self._resolved():
             self.reason = f"resolved after {self.next_index} rounds"
         elif self.rule.deadline is not None and time.time() > self.rule.deadline:
             self.reason = f"max_sweep_s reached after {self.next_index} rounds"

@@ -43,7 +43,7 @@ def race(rng, slow: dict[str, float], rule: Rule, round_cv: float) -> dict[str, 
     rivals = {c: len(slow) - 1 for c in slow}
     for r in range(rule.max_rounds):
         rows += round_rows(rng, {c: slow[c] for c in alive}, range(r, r + 1), round_cv)
-        if r + 1 >= rule.min_rounds:
+        if r + 1 in rule.looks_at:
             for c in eliminated(pd.DataFrame([x for x in rows if x["cell_id"] in alive]), rule, rivals, seed=r):
                 alive.discard(c)
                 dropped[c] = r
@@ -101,7 +101,8 @@ def test_the_planner_sends_min_rounds_then_one_round_per_look_and_stamps_the_dro
             sent += messages
         if sent and sent[-1] == []:
             break
-    assert p.eliminated_at[slow] in (1, 2, 3)  # dropped after a look: round 2 (index 1) at the earliest
+    assert p.rule.looks_at == (2, 3, 5)
+    assert p.eliminated_at[slow] in (1, 2, 4)  # dropped at a look: after round 2 (index 1) at the earliest
     assert all(slow not in {k[0] for k in keys} for keys in sent[p.eliminated_at[slow] - 1 :])
     assert sent[-1] == [] and p.finished and "max_rounds" in p.reason
 
@@ -134,9 +135,11 @@ def test_decision_settings_are_checked_by_name(fields, field):
     assert e.value.field.startswith(field)
 
 
-def test_auto_plans_max_rounds():
+def test_auto_plans_max_rounds_and_looks_on_a_geometric_schedule():
     s = spec(repeats="auto", max_rounds=6)
     assert s.rounds == 6 and s.decides and planner_for(s).rule.auto
+    assert Rule(min_rounds=3, max_rounds=24).looks_at == (3, 5, 8, 12, 18, 24)  # 6 looks, not 22
+    assert Rule(min_rounds=3, max_rounds=8).level(3) == pytest.approx(0.05 / 9)
 
 
 def test_each_cell_gets_the_first_ranks_of_each_node_of_the_host_group():
