@@ -50,7 +50,7 @@ def run(
     from results.errors import StoreFull
     from sweeps import runner, session
     from sweeps.grid import cells_table
-    from sweeps.spec import load_spec
+    from sweeps.specfile import load_spec
     from sweeps.summary import summary_text
 
     plan = None
@@ -180,7 +180,7 @@ def calibrate(
     from results import costmodel
     from results.store import load_calibration
     from sweeps import runner, session
-    from sweeps.spec import load_spec
+    from sweeps.specfile import load_spec
 
     stop_on_signals(session)
     try:
@@ -446,7 +446,7 @@ def submit(
     """Submit a sweep to a Ray cluster as a Ray Job (validated here first; nothing submitted on error). A spec
     naming your own workload ships --workdir (default: the current directory) with the job."""
     from service import jobs
-    from sweeps.spec import load_spec_text
+    from sweeps.specfile import load_spec_text
 
     try:
         parsed, text = load_spec_text(spec)  # the text submitted is the text validated (env:NAME included)

@@ -13,7 +13,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from results.store import Store, require_label
-from sweeps.spec import SpecError, SweepSpec, new_sweep_id, parse_spec
+from sweeps.spec import SpecError, SweepSpec, new_sweep_id
+from sweeps.specfile import parse_spec
 from trainers.errors import DDPSweepError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

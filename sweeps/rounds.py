@@ -68,6 +68,7 @@ class RoundPlanner:
             return self._after_round(r)
         presend = done < self.rule.min_rounds and self.next_index < len(self.order)  # already sent
         return self._release(), [] if presend else [self._next(look=False)]
+
     def _release(self) -> list[dict]:
         out, self.held = self.held, []
         return out

@@ -1,4 +1,4 @@
-"""The sweep spec: a YAML file, validated strictly into a `SweepSpec`.
+"""The sweep spec: a mapping (a YAML file read by sweeps.specfile), validated strictly into a `SweepSpec`.
 
 Every error is a `SpecError` naming the field's dotted path and what is allowed.
 """
@@ -6,15 +6,11 @@ Every error is a `SpecError` naming the field's dotted path and what is allowed.
 from __future__ import annotations
 
 import math
-import os
 import re
 import secrets
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from results.store import LABEL_RULE, valid_label
 from trainers.config import COMM_HOOKS, StepConfig, canonical_args
@@ -501,103 +497,3 @@ def spec_from_dict(data: Any, source: str = "spec") -> SweepSpec:
             for k, vs in data["env_grid"].items()
         }
     return SweepSpec(**data)
-
-
-MAX_SPEC_BYTES = 256 * 1024  # as the HTTP API's body limit
-
-
-def load_spec(path: str | Path) -> SweepSpec:
-    """Read and validate a YAML (or JSON) spec file; `env:NAME` reads the text from that variable."""
-    return load_spec_text(path)[0]
-
-
-def load_spec_text(path: str | Path) -> tuple[SweepSpec, str]:
-    """The validated spec and the exact text it was read from (what `submit` sends on)."""
-    if str(path).startswith("env:"):
-        text = os.environ.get(str(path)[4:])
-        if text is None:
-            raise SpecError("SPEC", str(path), "an environment variable holding the spec's YAML")
-        try:
-            return parse_spec(text, source=str(path)), text
-        except SpecError as e:  # never echo an environment variable's content
-            raise SpecError(e.field, "<value from the environment, not shown>", e.allowed) from None
-    p = Path(path)
-    if not p.is_file():
-        raise SpecError("SPEC", str(path), "an existing YAML file, e.g. sweeps/specs/smoke.yaml")
-    with p.open("rb") as f:
-        raw = f.read(MAX_SPEC_BYTES + 1)  # never a whole 1 GB file in memory before the size check
-    if len(raw) > MAX_SPEC_BYTES:
-        raise SpecError("SPEC", str(path), f"a spec file of at most {MAX_SPEC_BYTES} bytes")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise SpecError("SPEC", str(path), f"UTF-8 text (byte {e.start} is not UTF-8)") from None
-    return parse_spec(text, source=str(path)), text
-
-
-MAX_SPEC_NODES = 100_000  # YAML nodes after aliases are expanded: an alias bomb stops here
-MAX_SPEC_DEPTH = 20  # nesting levels (a spec needs 3)
-
-
-class StrictLoader(yaml.SafeLoader):
-    """YAML for specs: duplicate keys refused, YAML 1.2 numbers (no `1:30` = 90, `1e-300` is a float),
-    and a bounded size and depth."""
-
-
-_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
-StrictLoader.yaml_implicit_resolvers = {
-    k: [r for r in v if r[0] not in _NUMBER_TAGS] for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-# no leading zeros: YAML 1.1 reads 010 as 8 and 09 as an error; such a value stays text and is refused by name
-StrictLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?(0|[1-9][0-9]*)$"), list("-+0123456789"))
-StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"^[-+]?(\.[0-9]+|(0|[1-9][0-9]*)(\.[0-9]*)?)([eE][-+]?[0-9]+)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$"
-    ),
-    list("-+.0123456789"),
-)
-
-
-def _check_shape(node: yaml.Node, path: str = "", depth: int = 0, seen: list | None = None) -> None:
-    """Refuse duplicate keys, and specs too deep or too large once aliases are expanded."""
-    seen = seen if seen is not None else [0]
-    seen[0] += 1
-    if seen[0] > MAX_SPEC_NODES or depth > MAX_SPEC_DEPTH:
-        raise SpecError(
-            path or "SPEC",
-            "a structure too large or too deep",
-            f"at most {MAX_SPEC_DEPTH} levels and {MAX_SPEC_NODES} values once aliases are expanded",
-        )
-    if isinstance(node, yaml.MappingNode):
-        keys = [k.value for k, _ in node.value]
-        for key, value in node.value:
-            if keys.count(key.value) > 1:
-                raise SpecError(f"{path}{key.value}", "given twice", "each field once")
-            _check_shape(value, f"{path}{key.value}.", depth + 1, seen)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _check_shape(item, f"{path}[{i}].", depth + 1, seen)
-
-
-def yaml_problem(e: yaml.YAMLError) -> str:
-    """PyYAML's error on one line, where it was found first: `line 3, column 7: <problem> (<context>)`."""
-    mark = getattr(e, "problem_mark", None)
-    problem = getattr(e, "problem", None) or str(e)
-    context = getattr(e, "context", None)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    text = f"{where}{problem}" + (f", {context}" if context else "")
-    return " ".join(text.split())[:200]
-
-
-def parse_spec(text: str, source: str = "spec") -> SweepSpec:
-    try:
-        node = yaml.compose(text, Loader=StrictLoader)
-        if node is not None:
-            _check_shape(node)
-        data = yaml.load(text, Loader=StrictLoader)  # noqa: S506 — a SafeLoader subclass
-    except yaml.YAMLError as e:
-        raise SpecError(source, "unparseable YAML", f"valid YAML ({yaml_problem(e)})") from None
-    except RecursionError:
-        raise SpecError(source, "nested too deeply", f"at most {MAX_SPEC_DEPTH} levels") from None
-    return spec_from_dict(data, source)

@@ -13,7 +13,8 @@ from results.query import query, to_csv
 from results.store import Store, load
 from service.cli import app
 from sweeps.runner import plan_sweep
-from sweeps.spec import SpecError, load_spec, parse_spec
+from sweeps.spec import SpecError
+from sweeps.specfile import load_spec, parse_spec
 from tests.seed_rows import seed_rows
 
 

@@ -23,7 +23,8 @@ from results.store import Store, load
 from service import jobs
 from service.api import ServiceSettings, create_app
 from sweeps import machine, runner
-from sweeps.spec import SpecError, load_spec, load_spec_text, parse_spec
+from sweeps.spec import SpecError
+from sweeps.specfile import load_spec, load_spec_text, parse_spec
 from trainers.errors import ConfigError, DDPSweepError
 
 ROOT = Path(__file__).resolve().parent.parent

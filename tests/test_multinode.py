@@ -9,7 +9,8 @@ import ray
 from ray.cluster_utils import Cluster
 
 from sweeps.runner import execute, plan_sweep
-from sweeps.spec import SpecError, parse_spec
+from sweeps.spec import SpecError
+from sweeps.specfile import parse_spec
 
 pytestmark = pytest.mark.ray
 

@@ -9,7 +9,7 @@ import os
 from sweeps.fingerprint import network
 from sweeps.grid import expand
 from sweeps.rows import misplaced
-from sweeps.spec import parse_spec
+from sweeps.specfile import parse_spec
 from sweeps.worker import placement_info
 
 

@@ -162,7 +162,8 @@ def test_sql_sandbox_and_errors_have_one_shape(api, tmp_path):
 
 def test_remote_submission_with_a_local_results_path_is_refused():
     from service import jobs
-    from sweeps.spec import SpecError, parse_spec
+    from sweeps.spec import SpecError
+    from sweeps.specfile import parse_spec
 
     with pytest.raises(SpecError) as err:
         jobs.submit(MINI, parse_spec(MINI), address="http://10.1.2.3:8265", results="./local-results")

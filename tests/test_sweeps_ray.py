@@ -12,7 +12,7 @@ from results.query import query
 from results.store import Store, load
 from sweeps.grid import expand
 from sweeps.runner import execute, plan_sweep
-from sweeps.spec import parse_spec
+from sweeps.specfile import parse_spec
 from sweeps.worker import FAULT_FILE_ENV
 
 pytestmark = pytest.mark.ray

@@ -10,7 +10,8 @@ import pytest
 from results.errors import LabelError
 from sweeps.grid import cells_table, expand
 from sweeps.preflight import ClusterResources, cell_problem, check
-from sweeps.spec import SpecError, load_spec, parse_spec
+from sweeps.spec import SpecError
+from sweeps.specfile import load_spec, parse_spec
 
 SPECS = Path(__file__).resolve().parent.parent / "sweeps" / "specs"
 
