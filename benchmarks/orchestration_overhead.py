@@ -151,6 +151,8 @@ def main() -> None:
             f"step_ms sweep-{k} / group-{k} per cell: ratios {out['ratio'].min():.3f}..{out['ratio'].max():.3f}, "
             f"intervals excluding 1: {int(out['significant'].sum())} of {len(out)}"
         )
+        for b in out[out["mode"] == "single"].itertuples():  # rank 0 of the 2-rank group vs a 1-rank group
+            print(f"  baseline gas={b.gas}: {b.ratio:.3f} [{b.ratio_ci_lo:.3f}, {b.ratio_ci_hi:.3f}] (idle rank 1)")
     if args.controls:
         device = "cuda" if spec.use_gpu is True else "cpu"
         t_wall, _ = torchrun_loop(expand(spec), spec.repeats, max(1, int(spec.cpus_per_worker)), device)
