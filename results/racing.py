@@ -3,11 +3,12 @@ answer is known (`repeats: auto`). Pure functions over the rows a worker group h
 calls them after every round (sweeps/trial.py), benchmarks/race_check.py on simulated rounds.
 
 The race (F-Race's idea, Birattari 2002, with a bootstrap test in place of Friedman's): at each planned look
-(after min_rounds rounds, then about every 1.5x as many: Rule.looks_at), a cell whose round-blocked ratio to
-the best of the rest of its curve (the minimum of the others, replicate by replicate) has its lower bound above
-1 + tolerance is measured no more. The lower bound is a one-sided bootstrap quantile at level
-alpha / (looks x rivals): Bonferroni over the planned looks and over the cells of the curve, so the chance that
-a race ever drops a cell no slower than 1 + tolerance stays under alpha however many rounds it runs.
+(after min_rounds rounds, then about every 1.5x as many: Rule.looks_at), each curve's leader is its cell with
+the lowest median step; a cell whose round-blocked ratio to the leader has its lower bound above
+1 + tolerance is measured no more. The bound is one-sided at level alpha / (looks x m(m-1)) for a curve of m
+cells: Bonferroni over the planned looks and over every ordered pair of cells (the leader is chosen after the
+fact, so each test is one of those pairs), so the chance that a race ever drops a cell no slower than
+1 + tolerance stays under alpha however many rounds it runs.
 
 A curve is resolved when every remaining cell is decided against its leader: their 95% interval excludes 1
 (told apart), or lies within 1 ± target_rel (equal for any purpose the target serves).
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 import pandas as pd
@@ -24,7 +26,7 @@ import pandas as pd
 from results.uncertainty import cell_replicates, interval
 
 ALPHA = 0.05  # the chance a race drops a cell that is not slower by more than its tolerance
-RACE_BOOT = 4000  # replicates per look: the one-sided bound sits near the 0.1% quantile
+RACE_BOOT = 2000  # replicates per look (the bound is normal on their log ratios)
 # A curve inside one group: every knob but the bucket (analysis.CURVE_KEYS, less what a group shares)
 CURVE_IN_GROUP = ["world_size", "num_nodes", "gas", "no_sync", "gradient_as_bucket_view", "mode", "comm_hook"]
 CURVE_IN_GROUP += ["powersgd_rank"]
@@ -68,9 +70,9 @@ class Rule:
     def looks(self) -> int:
         return len(self.looks_at)
 
-    def level(self, rivals: int) -> float:
-        """One-sided level of each comparison at each look."""
-        return ALPHA / (self.looks * max(rivals, 1))
+    def level(self, comparisons: int) -> float:
+        """One-sided level of each of `comparisons` tests at each look."""
+        return ALPHA / (self.looks * max(comparisons, 1))
 
 
 def curves(rows: pd.DataFrame) -> list[pd.DataFrame]:
@@ -87,23 +89,23 @@ def _cells(rows: pd.DataFrame, n_boot: int, seed: int) -> pd.DataFrame:
 
 
 def eliminated(rows: pd.DataFrame, rule: Rule, rivals: dict[str, int], seed: int = 0) -> set[str]:
-    """Cells of `rows` (ok rows of one group, alive cells only) shown slower than the best of the rest of their
-    curve by more than rule.tolerance, at the Bonferroni level. `rivals`: per cell, the cells its curve started
-    with - 1. The best of the rest is taken replicate by replicate (the minimum of the others' replicates), not
-    fixed as the cell that measured fastest: a leader picked by its noise would make its rivals look slower
-    (an A/A race simulated on this machine's noise dropped a cell in 6.5% of races that way)."""
+    """Cells of `rows` (ok rows of one group, alive cells only) shown slower than their curve's leader by more
+    than rule.tolerance. `rivals`: per cell, the cells its curve started with - 1. The leader is picked after
+    the fact (the fastest by its own noise), so the test is counted as one of every ordered pair of the curve's
+    cells: level alpha / (looks x m(m-1)) with m = rivals + 1. The bound is normal on the log ratio's
+    replicates (mean - z sd): smooth where a percentile of a few thousand replicates would rest on two or three."""
     out: set[str] = set()
     for curve in curves(rows):
         cells = _cells(curve, RACE_BOOT, seed)
         if len(cells) < 2:
             continue
-        reps = np.vstack(list(cells["step_ms_reps"]))  # (cells, B)
-        for i, cell_id in enumerate(cells.index):
-            best_of_rest = np.nanmin(np.delete(reps, i, axis=0), axis=0)
-            ratio = reps[i] / best_of_rest
-            ratio = ratio[np.isfinite(ratio)]
-            level = rule.level(rivals.get(cell_id, len(cells) - 1))
-            if len(ratio) and np.quantile(ratio, level) > 1 + rule.tolerance:
+        leader = cells["step_ms"].idxmin()
+        for cell_id, line in cells.drop(index=leader).iterrows():
+            logs = np.log(line["step_ms_reps"] / cells.loc[leader, "step_ms_reps"])
+            logs = logs[np.isfinite(logs)]
+            m = rivals.get(cell_id, len(cells) - 1) + 1
+            z = NormalDist().inv_cdf(1 - rule.level(m * (m - 1)))
+            if len(logs) > 1 and logs.mean() - z * logs.std() > np.log1p(rule.tolerance):
                 out.add(str(cell_id))
     return out
 
