@@ -239,8 +239,14 @@ def resolution(grp: pd.DataFrame, best: pd.Series, target_rel: float = TARGET_RE
     return {
         "min_resolvable_rel": float(np.expm1(hw)),
         "rounds_for_target": rounds_for(hw, rounds, target_rel),
-        "round_var_share": float(np.nanmedian(grp["round_var_share"])) if "round_var_share" in grp else np.nan,
+        "round_var_share": _median_or_nan(grp.get("round_var_share")),
     }
+
+
+def _median_or_nan(values: pd.Series | None) -> float:
+    """The median of the known values (NaN, without a warning, where none is known)."""
+    known = values.dropna() if values is not None else pd.Series(dtype=float)
+    return float(known.median()) if len(known) else np.nan
 
 
 def rounds_for(half_width: float, rounds: int, target_rel: float) -> int:
