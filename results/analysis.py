@@ -199,20 +199,15 @@ def with_baseline(rows: pd.DataFrame, keep_reps: bool = False) -> pd.DataFrame:
 
 def same_as(r: pd.Series, best: pd.Series) -> bool:
     """`r` cannot be told apart from `best`: the 95% interval of their step ratio, computed replicate by
-    replicate (paired by round within a worker group), contains 1. Without replicates: overlapping intervals."""
-    if "step_ms_reps" in r and isinstance(r["step_ms_reps"], np.ndarray):
-        lo, hi = interval(r["step_ms_reps"] / best["step_ms_reps"])
-        if np.isfinite(lo):
-            return bool(lo <= 1 <= hi)
-    if pd.isna(best["step_ms_ci_lo"]) or pd.isna(r["step_ms_ci_lo"]):
-        return r.name == best.name
-    return bool(r["step_ms_ci_lo"] <= best["step_ms_ci_hi"] and r["step_ms_ci_hi"] >= best["step_ms_ci_lo"])
+    replicate (paired by round within a worker group), contains 1 (or is unknown: one number each)."""
+    lo, hi = interval(np.asarray(r["step_ms_reps"], dtype=float) / np.asarray(best["step_ms_reps"], dtype=float))
+    return bool(lo <= 1 <= hi) if np.isfinite(lo) else r.name == best.name
 
 
 def indistinguishable(grp: pd.DataFrame, best: pd.Series) -> list[float]:
     """Buckets that cannot be told apart from the best bucket (`same_as`): the best and those whose ratio to it
     is not resolved."""
-    return sorted(float(r["bucket_cap_mb"]) for _, r in grp.iterrows() if r.name == best.name or same_as(r, best))
+    return sorted(float(r["bucket_cap_mb"]) for _, r in grp.iterrows() if same_as(r, best))
 
 
 TARGET_REL = 0.02  # the difference a sweep is asked to resolve unless told otherwise (rounds_for_target)

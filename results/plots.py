@@ -25,7 +25,7 @@ def _subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float], s
 
 
 def _ddp_cells(rows: pd.DataFrame) -> pd.DataFrame:
-    t = analysis.with_baseline(rows)
+    t = analysis.with_baseline(rows, keep_reps=True)  # indistinguishable() compares replicates
     return t[t["mode"] == "ddp"]
 
 

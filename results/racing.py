@@ -17,6 +17,7 @@ A curve is resolved when every remaining cell is decided against its leader: the
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -88,6 +89,18 @@ def _cells(rows: pd.DataFrame, n_boot: int, seed: int) -> pd.DataFrame:
     return cell_replicates(rows, ["cell_id"], seed=seed, n_boot=n_boot).set_index("cell_id")
 
 
+def versus_leader(rows: pd.DataFrame, n_boot: int, seed: int) -> Iterator[tuple[str, int, np.ndarray]]:
+    """Per curve of `rows` (ok rows of one group) with two cells or more: each non-leading cell, the curve's
+    cell count and the round-blocked replicates of its step ratio to the leader (the lowest median)."""
+    for curve in curves(rows):
+        cells = _cells(curve, n_boot, seed)
+        if len(cells) < 2:
+            continue
+        leader = cells["step_ms"].idxmin()
+        for cell_id, line in cells.drop(index=leader).iterrows():
+            yield str(cell_id), len(cells), line["step_ms_reps"] / cells.loc[leader, "step_ms_reps"]
+
+
 def eliminated(rows: pd.DataFrame, rule: Rule, rivals: dict[str, int], seed: int = 0) -> set[str]:
     """Cells of `rows` (ok rows of one group, alive cells only) shown slower than their curve's leader by more
     than rule.tolerance. `rivals`: per cell, the cells its curve started with - 1. The leader is picked after
@@ -95,34 +108,21 @@ def eliminated(rows: pd.DataFrame, rule: Rule, rivals: dict[str, int], seed: int
     cells: level alpha / (looks x m(m-1)) with m = rivals + 1. The bound is normal on the log ratio's
     replicates (mean - z sd): smooth where a percentile of a few thousand replicates would rest on two or three."""
     out: set[str] = set()
-    for curve in curves(rows):
-        cells = _cells(curve, RACE_BOOT, seed)
-        if len(cells) < 2:
-            continue
-        leader = cells["step_ms"].idxmin()
-        for cell_id, line in cells.drop(index=leader).iterrows():
-            logs = np.log(line["step_ms_reps"] / cells.loc[leader, "step_ms_reps"])
-            logs = logs[np.isfinite(logs)]
-            m = rivals.get(cell_id, len(cells) - 1) + 1
-            z = NormalDist().inv_cdf(1 - rule.level(m * (m - 1)))
-            if len(logs) > 1 and logs.mean() - z * logs.std() > np.log1p(rule.tolerance):
-                out.add(str(cell_id))
+    for cell_id, n_cells, ratio in versus_leader(rows, RACE_BOOT, seed):
+        logs = np.log(ratio[np.isfinite(ratio)])
+        m = rivals.get(cell_id, n_cells - 1) + 1
+        z = NormalDist().inv_cdf(1 - rule.level(m * (m - 1)))
+        if len(logs) > 1 and logs.mean() - z * logs.std() > np.log1p(rule.tolerance):
+            out.add(cell_id)
     return out
 
 
 def resolved(rows: pd.DataFrame, rule: Rule, seed: int = 0) -> bool:
     """Every curve's remaining cells decided against its leader (see the module docstring)."""
-    for curve in curves(rows):
-        cells = _cells(curve, 2000, seed)
-        if len(cells) < 2:
-            continue
-        leader = cells["step_ms"].idxmin()
-        for _, line in cells.drop(index=leader).iterrows():
-            lo, hi = interval(line["step_ms_reps"] / cells.loc[leader, "step_ms_reps"])
-            if not np.isfinite(lo):
-                return False
-            apart = lo > 1 or hi < 1
-            equal = 1 / (1 + rule.target_rel) <= lo and hi <= 1 + rule.target_rel
-            if not (apart or equal):
-                return False
+    for _, _, ratio in versus_leader(rows, 2000, seed):
+        lo, hi = interval(ratio)
+        apart = lo > 1 or hi < 1
+        equal = 1 / (1 + rule.target_rel) <= lo and hi <= 1 + rule.target_rel
+        if not np.isfinite(lo) or not (apart or equal):
+            return False
     return True

@@ -47,7 +47,7 @@ def _curve(curve: dict, grp: pd.DataFrame, env: dict[str, str]) -> dict:
         "cells": len(grp),
         "n_repeats": int(grp["n_repeats"].min()),
         "best": _config(best) | _timing(best),
-        "indistinguishable": [_config(r) for _, r in grp.iterrows() if _overlaps(r, best)],
+        "indistinguishable": [_config(r) for _, r in grp.iterrows() if analysis.same_as(r, best)],
         "default": None if default is None else _config(default) | _timing(default),
         "default_note": default_note,
     }
@@ -78,7 +78,7 @@ def _exact_unless_separated(out: dict, grp: pd.DataFrame, best: pd.Series) -> tu
     if exact.empty:
         return f"{out['verdict']}; note: {lossy} (the sweep measured no exact configuration)", chosen
     best_exact = exact.loc[exact["step_ms"].idxmin()]
-    if _overlaps(best_exact, best):
+    if analysis.same_as(best_exact, best):
         why = f"the best measured, {lossy}, and cannot be told apart from the best exact one"
         return f"use {_describe(_config(best_exact))}: {why}", _config(best_exact)
     return f"{out['verdict']}; note: {lossy}: check convergence before adopting it", chosen
@@ -214,11 +214,6 @@ def _envs(rows: pd.DataFrame) -> dict[tuple[str, str], dict[str, str]]:
             env = {}
         out[(cluster, sweep)] = {k: str(v) for k, v in env.items() if isinstance(k, str) and k.startswith(ENV_PREFIXES)}
     return out
-
-
-def _overlaps(r: pd.Series, best: pd.Series) -> bool:
-    """`r` cannot be told apart from `best` (their ratio's interval, paired by round within a group, holds 1)."""
-    return r.name == best.name or analysis.same_as(r, best)
 
 
 def _config(r: pd.Series) -> dict:

@@ -304,8 +304,9 @@ def _validate(spec: SweepSpec) -> None:
             _check_range(name, [getattr(spec, name)])
     if spec.timed_steps != "auto" and not (_is_int(spec.timed_steps) and spec.timed_steps >= 1):
         raise _fail("timed_steps", spec.timed_steps, "an integer >= 1, or auto (adaptive timing)")
-    if not (_is_num(spec.target_rel_ci) and 0 < spec.target_rel_ci < 1):
-        raise _fail("target_rel_ci", spec.target_rel_ci, "a fraction in (0, 1), e.g. 0.02 for ±2%")
+    for name in ("target_rel_ci", "target_rel", "tolerance"):
+        if not (_is_num(getattr(spec, name)) and 0 < getattr(spec, name) < 1):
+            raise _fail(name, getattr(spec, name), "a fraction in (0, 1), e.g. 0.02 for 2%")
     if _is_int(spec.timed_steps) and spec.timed_steps > 1_000_000:
         raise _fail("timed_steps", spec.timed_steps, "at most 1000000, or auto")
     _validate_rounds(spec)
@@ -345,9 +346,6 @@ def _validate_rounds(spec: SweepSpec) -> None:
     if spec.repeats != "auto" and not (_is_int(spec.repeats) and 1 <= spec.repeats <= 1_000):
         raise _fail("repeats", spec.repeats, "an integer in [1, 1000], or auto (rounds until resolved)")
     _check_choice("search", spec.search, ("grid", "race"))
-    for name in ("target_rel", "tolerance"):
-        if not (_is_num(getattr(spec, name)) and 0 < getattr(spec, name) < 1):
-            raise _fail(name, getattr(spec, name), "a fraction in (0, 1), e.g. 0.02 for 2%")
     if spec.max_sweep_s is not None and not (_is_num(spec.max_sweep_s) and 0 < spec.max_sweep_s <= 30 * 86_400):
         raise _fail("max_sweep_s", spec.max_sweep_s, "seconds in (0, 2592000], or null (no limit)")
     if spec.decides and spec.min_rounds > spec.rounds:

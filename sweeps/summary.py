@@ -145,8 +145,5 @@ def _noise_lines(rows: pd.DataFrame) -> list[str]:
         out.append("note: cells with one repeat have intervals from their steps only (no between-run noise)")
     if wide.empty:
         return out
-    names = ", ".join(
-        f"{r.mode} {r.num_nodes}x{r.world_size // r.num_nodes} bucket={r.bucket_cap_mb} gas={r.gas}"
-        for r in wide.itertuples()
-    )
+    names = ", ".join(_cell(r) for r in wide.itertuples())
     return [*out, f"noisy: {len(wide)} cell(s) with an interval wider than ±{WIDE_REL / 2:.0%}: {names}"]

@@ -156,7 +156,7 @@ def _fit_error(ref: ray.ObjectRef) -> str | None:
         return f"worker group failed: {type(e).__name__}: {e}"
 
 
-def _each(rows: Generator[dict, None, str | None], written: set) -> Generator[dict, None, str | None]:
+def _each(rows: Iterator[dict], written: set) -> Generator[dict, None, str | None]:
     """Pass `rows` through, noting each cell row's (cell_id, repeat) in `written`; return the generator's value."""
     while True:
         try:
@@ -196,7 +196,7 @@ def run_group(group: Group, opts: TrialOptions) -> Iterator[dict]:
             planner = RoundPlanner(current, Rule(**group.rule), before=planner)
         run = GroupRun(current, opts, planner)
         why = yield from _each(run.follow(), written)
-        yield from _each_of(planner.flush() if planner else [], written)
+        yield from _each(iter(planner.flush() if planner else []), written)
         failed = run.failed_row(why) if why else None
         if failed is not None:
             written.add((failed["cell_id"], failed["repeat"]))
@@ -215,12 +215,6 @@ def _rest(group: Group, written: set[tuple[str, int]], planner: RoundPlanner | N
     if planner is None:
         return group.rest_after(written)
     return group.rest_after(written | planner.skipped((s.cell.cell_id, s.repeat) for s in group.slots))
-
-
-def _each_of(rows: list[dict], written: set) -> Iterator[dict]:
-    for row in rows:
-        written.add((row["cell_id"], row["repeat"]))
-        yield row
 
 
 def trial_fn(config: dict) -> None:
