@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: smoke test setup clean browser
+.PHONY: smoke test setup clean browser gpu-check device-bundle
 
 setup: $(STAMP)
 
@@ -32,6 +32,15 @@ browser:
 
 test: $(STAMP) browser
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
+
+# The GPU path in one command (benchmarks/gpu_check.sh): on a machine without CUDA it says so and exits 0.
+# Needs no set-up (a GPU machine may reach no registry): Ray and the rest come from the device bundle.
+gpu-check:
+	PYTHON=$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) bash benchmarks/gpu_check.sh
+
+# build/device_bundle.tar.xz for the GPU machine (cp312 wheels from the registry here)
+device-bundle:
+	bash benchmarks/device_bundle.sh
 
 clean:
 	rm -rf $(VENV)

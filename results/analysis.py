@@ -34,9 +34,11 @@ CONFIG_KEYS = [
     "gradient_as_bucket_view",
     "backend",
     "device_type",
+    "timing",
     *(DDP_KNOBS := ["comm_hook", "powersgd_rank", "first_bucket_mb", "static_graph", "broadcast_buffers", "env_grid"]),
 ]
-BASELINE_KEYS = ["cluster", "sweep_id", "model", "micro_batch", "seq_len"]
+# A timing method is compared with its own baseline only (sync, events and loop measure different things).
+BASELINE_KEYS = ["cluster", "sweep_id", "model", "micro_batch", "seq_len", "timing"]
 # One U-curve: everything but the bucket fixed (a hook, first bucket or environment is a curve of its own).
 CURVE_KEYS = BASELINE_KEYS + [
     "mode",
@@ -89,7 +91,7 @@ def usable(rows: pd.DataFrame) -> pd.DataFrame:
 
 def with_knobs(rows: pd.DataFrame) -> pd.DataFrame:
     """`rows` with every DDP knob column (frames built before a knob existed get the value it had)."""
-    missing = {k: OLDER_ROWS.get(k) for k in DDP_KNOBS if k not in rows}
+    missing = {k: OLDER_ROWS.get(k) for k in [*DDP_KNOBS, "timing"] if k not in rows}
     return rows.assign(**missing) if missing else rows
 
 

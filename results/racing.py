@@ -31,7 +31,7 @@ RACE_BOOT = 2000  # replicates per look (the bound is normal on their log ratios
 # A curve inside one group: every knob but the bucket (analysis.CURVE_KEYS, less what a group shares)
 CURVE_IN_GROUP = ["world_size", "num_nodes", "gas", "no_sync", "gradient_as_bucket_view", "mode", "comm_hook"]
 CURVE_IN_GROUP += ["powersgd_rank"]
-CURVE_IN_GROUP += ["first_bucket_mb", "static_graph", "broadcast_buffers"]
+CURVE_IN_GROUP += ["first_bucket_mb", "static_graph", "broadcast_buffers", "timing"]
 
 
 @dataclass(frozen=True, kw_only=True)

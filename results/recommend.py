@@ -22,7 +22,18 @@ from results.uncertainty import interval
 DEFAULTS = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": False, "no_sync": False}  # PyTorch's DDP defaults
 # The other knobs at PyTorch's defaults (what a default cell must also have)
 DEFAULT_KNOBS = {"comm_hook": "none", "static_graph": False, "broadcast_buffers": True, "env_grid": "{}"}
-CURVE = ["cluster", "sweep_id", "model", "micro_batch", "seq_len", "world_size", "num_nodes", "gas", "backend"]
+CURVE = [
+    "cluster",
+    "sweep_id",
+    "model",
+    "micro_batch",
+    "seq_len",
+    "timing",
+    "world_size",
+    "num_nodes",
+    "gas",
+    "backend",
+]
 KNOBS = ["bucket_cap_mb", "gradient_as_bucket_view", "no_sync"]
 
 

@@ -46,6 +46,7 @@ CONFIGURATION = [
     pa.field("first_bucket_mb", pa.float64()),  # DDP's first bucket cap; null: PyTorch's default
     pa.field("static_graph", pa.bool_()),
     pa.field("broadcast_buffers", pa.bool_()),
+    pa.field("timing", pa.string()),  # sync | events | loop: how the cell asked its steps to be timed
 ]
 
 # Where and how the cell ran: its placement, and how the sweep scheduled it.
@@ -107,6 +108,8 @@ MEASUREMENT = [
     pa.field("comm_bytes_per_step", pa.int64()),  # trace_comm: bytes all-reduced per step by rank 0 (median)
     pa.field("comm_collectives_per_step", pa.int32()),  # trace_comm: all-reduce calls per step (median)
     pa.field("replicas_in_sync", pa.bool_()),
+    pa.field("timing_used", pa.string()),  # how they were timed (events falls back to sync on CPU)
+    pa.field("timing_note", pa.string()),  # why timing_used differs from timing, or what a loop row lacks
     pa.field("trial_wall_s", pa.float64()),  # this measurement on its worker group: setup to row, no group start
 ]
 
@@ -142,6 +145,8 @@ OLDER_ROWS = {
     "env_grid": "{}",
     "grad_compression": "none",
     "search": "grid",
+    "timing": "sync",
+    "timing_used": "sync",
 }
 
 

@@ -32,6 +32,7 @@ ADDED_LATER = (
     "first_bucket_mb",
     "static_graph",
     "broadcast_buffers",
+    "timing",
 )
 
 
@@ -129,7 +130,7 @@ class Cell:
         )
 
 
-def _timing(spec: SweepSpec) -> dict:
+def _timed_steps(spec: SweepSpec) -> dict:
     """The step's timing fields: fixed `timed_steps`, or adaptive (`auto`) in batches of AUTO_BATCH."""
     if spec.timed_steps != "auto":
         return {"timed_steps": spec.timed_steps}
@@ -180,7 +181,7 @@ def _cell(
             warmup_steps=spec.warmup_steps,
             trace_comm=spec.trace_comm,
             powersgd_start_iter=spec.powersgd_start_iter,
-            **_timing(spec),
+            **_timed_steps(spec),
             **step,
         )
     except ConfigError as e:
@@ -215,15 +216,17 @@ def _ddp_knobs(spec: SweepSpec) -> list[dict]:
 
 
 def expand(spec: SweepSpec) -> list[Cell]:
-    """Baselines first (one per gas), then the DDP grid; duplicates (e.g. no_sync at gas 1) dropped."""
+    """Baselines first (one per gas and timing), then the DDP grid; duplicates (e.g. no_sync at gas 1) dropped."""
     what = workload_fields(spec)
-    cells = [_cell(spec, mode="single", gas=g, what=what) for g in sorted(spec.gas)]
+    cells = [_cell(spec, mode="single", gas=g, what=what, timing=t) for g, t in product(sorted(spec.gas), spec.timing)]
     knobs = _ddp_knobs(spec)
-    for (w, n), env, mode, g, ns in product(
-        spec.placements(), env_combinations(spec), spec.modes, spec.gas, spec.no_sync
+    for (w, n), env, mode, g, ns, t in product(
+        spec.placements(), env_combinations(spec), spec.modes, spec.gas, spec.no_sync, spec.timing
     ):
         for k in knobs if mode == "ddp" else knobs[:1]:
-            cells.append(_cell(spec, mode=mode, world_size=w, num_nodes=n, gas=g, no_sync=ns, env=env, what=what, **k))
+            cells.append(
+                _cell(spec, mode=mode, world_size=w, num_nodes=n, gas=g, no_sync=ns, env=env, what=what, timing=t, **k)
+            )
     seen: dict[str, Cell] = {}
     for c in cells:
         seen.setdefault(c.cell_id, c)

@@ -130,4 +130,15 @@ def _init(address: str | None, embedded: bool, quiet: dict) -> None:
     # (plain ray.init() would attach to that one and refuse num_cpus). Its workers inherit this
     # environment: the working directory joins PYTHONPATH, so a workload module beside the spec imports.
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
-    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=True, dashboard_host="127.0.0.1", **quiet)
+    dashboard = _dashboard_installed()
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=dashboard, dashboard_host="127.0.0.1", **quiet)
+
+
+def _dashboard_installed() -> bool:
+    """Whether Ray's dashboard can start here (ray[default]); a minimal Ray (the GPU check's bundle) starts
+    without it: no Ray Jobs, and a cell killed at cell_timeout_s keeps its placement group reserved."""
+    try:
+        from ray._private.utils import get_dashboard_dependency_error
+    except ImportError:  # moved in a later Ray: ask for it, as before
+        return True
+    return get_dashboard_dependency_error() is None

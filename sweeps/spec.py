@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from results.store import LABEL_RULE, valid_label
-from trainers.config import COMM_HOOKS, StepConfig, canonical_args
+from trainers.config import COMM_HOOKS, TIMINGS, StepConfig, canonical_args
 from trainers.errors import ConfigError
 from trainers.presets import PRESETS
 
@@ -89,6 +89,10 @@ class SweepSpec:
     """Grid: DDP's static_graph."""
     broadcast_buffers: list[bool] = field(default_factory=lambda: [True])
     """Grid: DDP's broadcast_buffers."""
+    timing: list[str] = field(default_factory=lambda: ["sync"])
+    """Grid: how timed steps are timed, `sync`, `events` (CUDA events, no host sync between steps; sync on CPU)
+    or `loop` (one interval over all timed steps: the mean step, no per-step distribution). Crosses every
+    cell, baselines too (each method is compared with its own)."""
     env_grid: dict[str, list] = field(default_factory=dict)
     """Grid: NCCL_* / GLOO_* / TORCH_NCCL_* variables and their values; every combination is its own worker
     group (NCCL reads them once per process), recorded in the rows (`env_grid`, `env`)."""
@@ -245,6 +249,7 @@ LISTS = {
     "powersgd_rank": "int>=1",
     "static_graph": "bool",
     "broadcast_buffers": "bool",
+    "timing": TIMINGS,
 }
 
 
@@ -283,7 +288,7 @@ def _check_range(name: str, values: list) -> None:
 def _check_grid_size(spec: SweepSpec) -> None:
     """Bound the grid from its axis lengths, before anything is expanded."""
     axes = [spec.bucket_cap_mb, spec.gas, spec.no_sync, spec.gradient_as_bucket_view, spec.modes, spec.comm_hook]
-    axes += [spec.powersgd_rank, spec.first_bucket_mb, spec.static_graph, spec.broadcast_buffers]
+    axes += [spec.powersgd_rank, spec.first_bucket_mb, spec.static_graph, spec.broadcast_buffers, spec.timing]
     axes += list(spec.env_grid.values()) if isinstance(spec.env_grid, dict) else []
     places = len(spec.workers) * len(spec.nodes) if spec.topology is None else len(spec.topology)
     upper = places * math.prod(len(a) for a in axes) * spec.rounds

@@ -38,6 +38,8 @@ def _curve_line(grp: pd.DataFrame, best: pd.Series, same: list[float]) -> str:
     )
     if pd.isna(best["bucket_cap_mb"]):
         bucket = "no buckets"
+    elif len(grp) == 1:
+        bucket = f"one bucket measured ({best['bucket_cap_mb']:g} MB)"
     elif len(same) > 1:
         bucket = f"best bucket {best['bucket_cap_mb']:g} MB, indistinguishable: {', '.join(f'{b:g}' for b in same)} MB"
     else:
@@ -71,11 +73,13 @@ def summary_text(rows: pd.DataFrame) -> str:
     if table.empty:
         return "no distributed cell measured ok"
     lines = ["step times: median ms [95% interval over repeats and steps]"]
-    for (w, n, g, ns, mode), grp in table.groupby(["world_size", "num_nodes", "gas", "no_sync", "mode"]):
+    timings = set(table["timing"])
+    for (t, w, n, g, ns, mode), grp in table.groupby(["timing", "world_size", "num_nodes", "gas", "no_sync", "mode"]):
         grp = grp.sort_values("bucket_cap_mb")
         best = grp.loc[grp["step_ms"].idxmin()]
         same = analysis.indistinguishable(grp, best) if pd.notna(best["bucket_cap_mb"]) else []
         where = f"workers={w}" + (f" topology={n}x{w // n}" if n > 1 or table["num_nodes"].nunique() > 1 else "")
+        where += f" timing={t}" if timings != {"sync"} else ""
         lines.append(f"{mode} {where} gas={g} no_sync={str(bool(ns)).lower()}: " + _curve_line(grp, best, same))
     return "\n".join(lines + _decision_lines(rows) + _flag_lines(rows) + _noise_lines(rows))
 

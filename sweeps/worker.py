@@ -118,7 +118,7 @@ def _unrecorded(group: Group, timed_steps: int, device: torch.device, threads: i
     """A short, fixed run of the group's first cell that makes no row (its measured run reports any error)."""
     first = group.first.step
     warm = first.powersgd_start_iter if first.comm_hook == "powersgd" else 1  # compressed when timed
-    step = replace(first, warmup_steps=warm, timed_steps=timed_steps, target_rel_ci=None)
+    step = replace(first, warmup_steps=warm, timed_steps=timed_steps, target_rel_ci=None, timing="sync")
     m = None
     with contextlib.suppress(Exception):
         m = run_cell(step, device, threads, template)

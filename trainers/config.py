@@ -11,6 +11,7 @@ from trainers.presets import PRESETS
 
 MODES = ("single", "ddp", "naive")
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
+TIMINGS = ("sync", "events", "loop")
 WORKLOAD_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -76,6 +77,12 @@ class StepConfig:
     """DDP's static_graph (the graph and the parameters used are the same every step)."""
     broadcast_buffers: bool = True
     """DDP's broadcast_buffers (rank 0's buffers sent to every rank at each forward)."""
+    timing: str = "sync"
+    """How each timed step is timed: `sync` (wall clock, the device synchronized before and after every step),
+    `events` (CUDA events recorded on the stream around each step and read after the loop: no host
+    synchronization between steps; on CPU it falls back to `sync` and the row says so) or `loop` (the seed's
+    method: one wall-clock interval over all timed steps, reported as the mean step: no per-step
+    distribution, so intervals come from repeats only)."""
 
     def __post_init__(self) -> None:
         if self.workload is not None:
@@ -99,6 +106,7 @@ class StepConfig:
         if isinstance(self.max_cell_s, bool) or not isinstance(self.max_cell_s, int | float) or self.max_cell_s <= 0:
             raise ConfigError("max_cell_s", self.max_cell_s, "a number of seconds > 0")
         self._check_ddp_knobs()
+        self._check_timing()
         self._normalize()
         b = self.bucket_cap_mb
         if self.mode == "ddp" and (not isinstance(b, int | float) or isinstance(b, bool) or not b > 0):
@@ -136,6 +144,14 @@ class StepConfig:
         for name in ("static_graph", "broadcast_buffers"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, getattr(self, name), "true or false")
+
+    def _check_timing(self) -> None:
+        if self.timing not in TIMINGS:
+            raise ConfigError("timing", self.timing, f"one of {', '.join(TIMINGS)}")
+        if self.timing == "loop" and self.target_rel_ci is not None:
+            raise ConfigError("timing", self.timing, "sync or events with target_rel_ci (it needs per-step times)")
+        if self.timing != "sync" and self.trace_comm and self.mode == "ddp":
+            raise ConfigError("timing", self.timing, "sync with trace_comm (the trace reads each step after a sync)")
 
     @property
     def grad_compression(self) -> str:
@@ -197,7 +213,7 @@ class Measurement:
     step_ms_mean: float
     step_ms_p10: float
     step_ms_p90: float
-    step_ms_cv: float  # std / mean
+    step_ms_cv: float | None  # std / mean (None: loop timing, one mean)
     tokens_per_s: float | None  # global tokens per step / median step time (None: the workload gives no tokens)
     samples_per_s: float  # global samples per step / median step time
     peak_mem_bytes: int | None  # max over ranks during this cell: CUDA max allocated, or VmHWM on Linux CPU
@@ -213,6 +229,8 @@ class Measurement:
     comm_bytes_per_step: int | None = None  # trace_comm: bytes all-reduced per optimizer step, rank 0 (median)
     comm_collectives_per_step: int | None = None  # trace_comm: all-reduce calls per optimizer step (median)
     replicas_in_sync: bool = True
+    timing_used: str = "sync"  # how the steps were timed: sync | events | loop (events falls back to sync on CPU)
+    timing_note: str | None = None  # why timing_used differs from the cell's timing, or what a loop row lacks
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -195,6 +195,40 @@ def time_steps(step: Hook, n: int, sync: Hook, before: Hook = lambda: None, afte
     return times
 
 
+def time_events(step: Hook, n: int, device: torch.device) -> list[float]:
+    """Time of each of n calls (ms) from CUDA events recorded on the current stream around it, read after the
+    loop: the host never waits between steps, so it can queue step i+1 while step i runs (DDP's all-reduce
+    stream is joined to the current stream before the optimizer step, so the end event covers it)."""
+    torch.cuda.synchronize(device)
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    for start, end in pairs:
+        start.record()
+        step()
+        end.record()
+    torch.cuda.synchronize(device)
+    return [start.elapsed_time(end) for start, end in pairs]  # ms
+
+
+def time_loop(step: Hook, n: int, sync: Hook) -> list[float]:
+    """The seed's method: one wall-clock interval over n calls, synchronized once before and once after;
+    returns [the mean call in ms] (there is no per-call time)."""
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    sync()
+    return [(time.perf_counter() - t0) * 1e3 / n]
+
+
+def timing_as_run(cfg: StepConfig, device: torch.device) -> tuple[str, str | None]:
+    """(how the steps are timed here, why that differs from the cell's `timing` or what its rows lack)."""
+    if cfg.timing == "events" and device.type != "cuda":
+        return "sync", f"events need CUDA; timed with sync on {device.type}"
+    if cfg.timing == "loop":
+        return "loop", "loop: one mean over the timed steps, no per-step times (intervals from repeats only)"
+    return cfg.timing, None
+
+
 def reset_peak_memory(device: torch.device) -> bool:
     """Start a cell's peak-memory window (CUDA statistics, or the kernel's VmHWM on Linux); False where
     it cannot be reset here."""
@@ -276,7 +310,7 @@ def run_cell(
     warmup_ms = (time.perf_counter() - t0) * 1e3
     if distributed(cfg):
         dist.barrier(group=group)
-    times, converged = timed_phase(cfg, rep, device, sync, slowdown)
+    times, converged, steps = timed_phase(cfg, rep, device, sync, slowdown)
     in_sync, peak = True, peak_memory_bytes(device, window)
     if distributed(cfg):
         peak = None if peak is None else int(gather_max([float(peak)], device, group)[0])
@@ -285,7 +319,7 @@ def run_cell(
             return None
     m = _measurement(cfg, rep, device, times, peak, in_sync, num_threads, (setup_ms, warmup_ms))
     traced = summarize_trace(rep.trace) if rep.trace else {}
-    return replace(m, timed_steps_run=len(times), converged=converged, **traced)
+    return replace(m, timed_steps_run=steps, converged=converged, **traced)
 
 
 def slowed(step: Hook, fraction: float, sync: Hook) -> Hook:
@@ -304,25 +338,34 @@ def slowed(step: Hook, fraction: float, sync: Hook) -> Hook:
 
 
 def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Callable[[], None], slowdown: float = 0.0):
-    """(per-step slowest-rank times in ms, converged). Fixed: `timed_steps` steps, converged None.
-    Adaptive: batches of `timed_steps` until the median's interval is within ±target_rel_ci, or
+    """(per-step slowest-rank times in ms, converged, steps taken). Fixed: `timed_steps` steps, converged
+    None. Adaptive: batches of `timed_steps` until the median's interval is within ±target_rel_ci, or
     max_timed_steps / max_cell_s is reached. Between batches the ranks gather their times (outside any
-    timed step), so every rank takes the same decision from the same numbers."""
+    timed step), so every rank takes the same decision from the same numbers. `loop` timing gives one
+    time, the mean step."""
     gather = (lambda t: gather_max(t, device, rep.group)) if distributed(cfg) else (lambda t: t)
-    trace = rep.trace
-    around = (trace.start_step, trace.end_step) if trace else (lambda: None, lambda: None)
-    step = slowed(lambda: train_step(rep), slowdown, sync)
-    with counting_all_reduce(trace):  # counts only inside traced steps; the gathers use all_gather
-        own = time_steps(step, cfg.timed_steps, sync, *around)
+    measure = _timer(cfg, rep, device, sync, slowed(lambda: train_step(rep), slowdown, sync))
+    with counting_all_reduce(rep.trace):  # counts only inside traced steps; the gathers use all_gather
+        own = measure(cfg.timed_steps)
         if cfg.target_rel_ci is None:
-            return gather(own), None
+            return gather(own), None, cfg.timed_steps
         while True:
             times = gather(own)
             converged = median_rel_half_width(times) <= cfg.target_rel_ci
             if converged or len(times) >= cfg.max_timed_steps or sum(times) / 1e3 >= cfg.max_cell_s:
-                return times, converged
-            n = min(cfg.timed_steps, cfg.max_timed_steps - len(own))
-            own += time_steps(step, n, sync, *around)
+                return times, converged, len(times)
+            own += measure(min(cfg.timed_steps, cfg.max_timed_steps - len(own)))
+
+
+def _timer(cfg: StepConfig, rep: Replica, device: torch.device, sync: Hook, step: Hook) -> Callable[[int], list[float]]:
+    """n -> the times of n steps, by the method `timing_as_run` picks."""
+    method, _ = timing_as_run(cfg, device)
+    if method == "events":
+        return lambda n: time_events(step, n, device)
+    if method == "loop":
+        return lambda n: time_loop(step, n, sync)
+    around = (rep.trace.start_step, rep.trace.end_step) if rep.trace else (lambda: None, lambda: None)
+    return lambda n: time_steps(step, n, sync, *around)
 
 
 def _measurement(
@@ -336,6 +379,9 @@ def _measurement(
     setup_warmup_ms: tuple[float, float],
 ) -> Measurement:
     stats = summarize(times)
+    timing, note = timing_as_run(cfg, device)
+    if timing == "loop":
+        stats["step_ms_cv"] = None  # one mean: no spread between steps to report
     sizes = bucket_sizes(rep.module)
     samples = cfg.samples_per_rank * rep.world_size  # global samples per optimizer step
     tokens = None if rep.tokens_per_sample is None else samples * rep.tokens_per_sample
@@ -355,4 +401,6 @@ def _measurement(
         bucket_sizes_bytes=sizes,
         step_times_ms=times,
         replicas_in_sync=in_sync,
+        timing_used=timing,
+        timing_note=note,
     )

@@ -1,0 +1,116 @@
+"""The markdown summary of `make gpu-check` (benchmarks/gpu_check.sh), from the rows it stored.
+
+    python benchmarks/gpu_summary.py RESULTS_ROOT > summary.md
+
+Device, driver, NCCL and torch; every cell's step time with its 95% interval, MFU (gpt2-124m presets),
+peak memory; the timing methods side by side (ratios to `sync`, round-blocked); the isolated cell beside the
+same cell inside a group; calibration bandwidth by size; every error row.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime
+
+import numpy as np
+import pandas as pd
+
+from results import analysis
+from results.store import load, load_calibration
+from results.uncertainty import interval
+
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}  # dense bf16 tensor-core peak, per GPU (TFLOP/s)
+CELL = ["mode", "gas", "no_sync", "bucket_cap_mb", "comm_hook", "timing"]
+
+
+def peak_tflops(accelerator: str) -> float | None:
+    return next((v for k, v in PEAK_TFLOPS.items() if k in str(accelerator)), None)
+
+
+def mfu(r: pd.Series, tflops: float | None) -> float | None:
+    """Model FLOPs utilization: 6 x params x tokens per step (forward + backward, no attention term) / step."""
+    if tflops is None or pd.isna(r.get("tokens_per_s")):
+        return None
+    return 6 * r["n_params"] * r["tokens_per_s"] / r["world_size"] / (tflops * 1e12)
+
+
+def device_lines(rows: pd.DataFrame) -> list[str]:
+    first = rows.iloc[0]
+    keys = ("accelerator", "accelerators", "driver_version", "cuda_version", "nccl_version", "torch_version")
+    return [f"- {k}: {first.get(k)}" for k in (*keys, "ray_version", "python_version")]
+
+
+def cell_table(rows: pd.DataFrame) -> list[str]:
+    ok = analysis.usable(rows)
+    peaks = ok.groupby(analysis.CONFIG_KEYS, dropna=False)["peak_mem_bytes"].max().rename("peak").reset_index()
+    cells = analysis.ok_cells(rows).merge(peaks, on=analysis.CONFIG_KEYS, how="left")
+    tflops = peak_tflops(rows["accelerator"].dropna().iloc[0] if rows["accelerator"].notna().any() else "")
+    out = ["| sweep | cell | step ms [95%] | tokens/s | MFU | peak GiB | n |", "|---|---|---|---|---|---|---|"]
+    for _, r in cells.sort_values(["sweep_id", "mode", "gas", "bucket_cap_mb"]).iterrows():
+        what = " ".join(f"{k}={r[k]}" for k in CELL if k in r and pd.notna(r[k]))
+        peak, u = r["peak"], mfu(r, tflops)
+        out.append(
+            f"| {r['sweep_id']} | {what} | {r['step_ms']:.2f} [{r['step_ms_ci_lo']:.2f}, {r['step_ms_ci_hi']:.2f}] "
+            f"| {r['tokens_per_s']:,.0f} | {'' if u is None else f'{u:.1%}'} | {peak / 2**30:.2f} | {r['n_repeats']} |"
+        )
+    return out
+
+
+def ratio_line(name: str, r: pd.Series, ref: pd.Series) -> str:
+    reps = np.asarray(r["step_ms_reps"], dtype=float) / np.asarray(ref["step_ms_reps"], dtype=float)
+    lo, hi = interval(reps)
+    return f"- {name}: {r['step_ms'] / ref['step_ms']:.4f} [{lo:.4f}, {hi:.4f}] (step {r['step_ms']:.2f} ms)"
+
+
+def timing_lines(rows: pd.DataFrame) -> list[str]:
+    """Each DDP timing method's step ÷ sync's, paired by round (one worker group)."""
+    cells = analysis.ok_cells(rows[rows["spec_name"] == "gpu-check-timing"])
+    ddp = cells[cells["mode"] == "ddp"].set_index("timing")
+    if "sync" not in ddp.index:
+        return ["- no ok sync cell: no comparison"]
+    used = rows[rows["spec_name"] == "gpu-check-timing"].groupby("timing")["timing_used"].first()
+    lines = [f"- timing used: {used.to_dict()}"]
+    return lines + [ratio_line(f"{t} / sync", ddp.loc[t], ddp.loc["sync"]) for t in ddp.index if t != "sync"]
+
+
+def isolation_lines(rows: pd.DataFrame) -> list[str]:
+    """The DDP cell alone (isolation: cell) ÷ the same cell inside part 2's group (timing sync); unpaired."""
+    alone = analysis.ok_cells(rows[rows["spec_name"] == "gpu-check-isolation"])
+    grouped = analysis.ok_cells(rows[(rows["spec_name"] == "gpu-check-timing") & (rows["timing"] == "sync")])
+    a, g = alone[alone["mode"] == "ddp"], grouped[grouped["mode"] == "ddp"]
+    if a.empty or g.empty:
+        return ["- not measured"]
+    return [ratio_line("alone / in its group", a.iloc[0], g.iloc[0])]
+
+
+def calibration_lines(root: str) -> list[str]:
+    cal = load_calibration(root)
+    if cal.empty:
+        return ["- none stored"]
+    out = ["| kind | world | bytes | time ms | busbw GB/s |", "|---|---|---|---|---|"]
+    for _, c in cal.sort_values(["kind", "size_bytes"]).iterrows():
+        out.append(
+            f"| {c['kind']} | {c['world_size']} | {c['size_bytes']:,} | {c['time_ms']:.4f} | {c['busbw_gbps']:.1f} |"
+        )
+    return out
+
+
+def error_lines(rows: pd.DataFrame) -> list[str]:
+    bad = rows[rows["status"] != "ok"]
+    if bad.empty:
+        return [f"- none: {len(rows)} of {len(rows)} measurements ok"]
+    return [f"- {r['spec_name']} {r['cell_id']} r{r['repeat']}: {str(r['error'])[:300]}" for _, r in bad.iterrows()]
+
+
+def summary(root: str) -> str:
+    rows = load(root)
+    parts = [f"# make gpu-check, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC", "", "## Device", *device_lines(rows)]
+    parts += ["", "## Cells (median step over rounds and steps, 95% interval)", *cell_table(rows)]
+    parts += ["", "## Timing methods (DDP cell, step ÷ sync's, round-blocked 95% interval)", *timing_lines(rows)]
+    parts += ["", "## One cell alone vs inside a group (issue 21)", *isolation_lines(rows)]
+    parts += ["", "## Calibration", *calibration_lines(root), "", "## Errors", *error_lines(rows)]
+    return "\n".join(parts) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(summary(sys.argv[1]))

@@ -1,0 +1,104 @@
+"""`timing: sync | events | loop`: how timed steps are timed, on CPU (events falls back to sync and says so)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pandas as pd
+import pytest
+import torch
+
+from results import analysis
+from sweeps.grid import expand
+from sweeps.spec import SpecError, SweepSpec
+from tests.dist_helpers import run_world
+from tests.seed_rows import row
+from trainers.config import StepConfig
+from trainers.errors import ConfigError
+from trainers.step import run_cell, time_loop, time_steps
+
+CPU = torch.device("cpu")
+BASE = StepConfig(model="tiny", micro_batch=4, seq_len=32, warmup_steps=1, timed_steps=4)
+
+
+def sleeper(ms: float, calls: list[int]):
+    def step() -> None:
+        calls.append(1)
+        time.sleep(ms / 1e3)
+
+    return step
+
+
+def test_loop_is_one_mean_over_every_call_and_sync_one_time_per_call():
+    calls: list[int] = []
+    syncs: list[int] = []
+    (mean,) = time_loop(sleeper(10, calls), 6, lambda: syncs.append(1))
+    assert len(calls) == 6 and len(syncs) == 2  # synchronized once before and once after the whole loop
+    assert 10 <= mean < 1000  # ms: a sleep of 10 ms never returns early
+    calls.clear()
+    syncs.clear()
+    times = time_steps(sleeper(10, calls), 6, lambda: syncs.append(1))
+    assert len(times) == 6 == len(calls) and len(syncs) == 12 and min(times) >= 10
+
+
+def two_timings(rank: int, cfgs: list[StepConfig]):
+    return [run_cell(c, CPU, num_threads=1) for c in cfgs]
+
+
+def test_events_fall_back_to_sync_on_cpu_and_loop_reports_one_mean(tmp_path):
+    events, loop = dataclasses.replace(BASE, timing="events"), dataclasses.replace(BASE, timing="loop")
+    (m_events, m_loop), rank1 = run_world(two_timings, 2, tmp_path, [events, loop])
+    assert rank1 == [None, None]
+    assert m_events.timing_used == "sync" and "events need CUDA" in m_events.timing_note
+    assert len(m_events.step_times_ms) == 4 == m_events.timed_steps_run and m_events.step_ms_cv is not None
+    assert m_loop.timing_used == "loop" and "no per-step times" in m_loop.timing_note
+    assert m_loop.step_times_ms == [m_loop.step_ms] and m_loop.timed_steps_run == 4 and m_loop.step_ms_cv is None
+    assert m_loop.replicas_in_sync and m_loop.step_ms > 0
+
+
+@pytest.mark.parametrize(
+    ("changes", "fix"),
+    [
+        ({"timing": "cuda"}, "one of sync, events, loop"),
+        ({"timing": "loop", "target_rel_ci": 0.05}, "needs per-step times"),
+        ({"timing": "events", "trace_comm": True}, "sync with trace_comm"),
+    ],
+)
+def test_timing_that_cannot_work_is_refused_naming_the_field(changes, fix):
+    with pytest.raises(ConfigError) as e:
+        dataclasses.replace(BASE, **changes)
+    assert e.value.field == "timing" and fix in str(e.value)
+
+
+def spec(**kw) -> SweepSpec:
+    return SweepSpec(name="t", model="tiny", workers=[2], bucket_cap_mb=[1, 25], gas=[1], **kw)
+
+
+def test_timing_crosses_every_cell_and_the_default_keeps_the_old_ids():
+    plain = expand(spec())
+    both = expand(spec(timing=["sync", "loop"]))
+    assert len(both) == 2 * len(plain) == 6
+    assert {(c.step.mode, c.step.timing) for c in both} >= {("single", "sync"), ("single", "loop")}
+    sync_ids = {c.cell_id for c in both if c.step.timing == "sync"}
+    assert sync_ids == {c.cell_id for c in plain}  # the default stays out of the cell id
+    assert not sync_ids & {c.cell_id for c in both if c.step.timing == "loop"}
+    with pytest.raises(SpecError) as e:
+        spec(timing=["wall"])
+    assert e.value.field.startswith("timing")
+
+
+def test_each_timing_is_compared_with_its_own_baseline():
+    def at(mode, world, ms, timing, bucket=None):
+        r = row(mode, world, ms, bucket=bucket, cluster="c", timing=timing)
+        return r | {"cell_id": f"{r['cell_id']}-{timing}"}
+
+    rows = pd.DataFrame(
+        [at("single", 1, 100.0, "sync"), at("single", 1, 90.0, "loop")]
+        + [at("ddp", 2, 125.0, "sync", 25.0), at("ddp", 2, 100.0, "loop", 25.0)]
+    )
+    table = analysis.with_baseline(rows).set_index("timing")
+    assert table.loc["sync", "baseline_step_ms"] == 100.0 and table.loc["loop", "baseline_step_ms"] == 90.0
+    assert table.loc["sync", "efficiency"] == pytest.approx(0.8) and table.loc["loop", "efficiency"] == pytest.approx(
+        0.9
+    )
