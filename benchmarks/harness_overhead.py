@@ -58,10 +58,10 @@ def run_bare(cfg: dict) -> float:
 
 
 def instrumentation_cost_us(n: int = 200_000) -> float:
-    """What trainers.step.time_steps adds per step around an empty step (clock reads, sync call, append)."""
+    """What trainers.timing.time_steps adds per step around an empty step (clock reads, sync call, append)."""
     import time
 
-    from trainers.step import time_steps
+    from trainers.timing import time_steps
 
     t0 = time.perf_counter()
     time_steps(lambda: None, n, lambda: None)

@@ -16,7 +16,8 @@ from tests.dist_helpers import run_world
 from tests.seed_rows import row
 from trainers.config import StepConfig
 from trainers.errors import ConfigError
-from trainers.step import run_cell, time_loop, time_steps
+from trainers.step import run_cell
+from trainers.timing import time_loop, time_steps
 
 CPU = torch.device("cpu")
 BASE = StepConfig(model="tiny", micro_batch=4, seq_len=32, warmup_steps=1, timed_steps=4)
