@@ -1,6 +1,6 @@
 """The markdown summary of `make gpu-check` (benchmarks/gpu_check.sh), from the rows it stored.
 
-    python benchmarks/gpu_summary.py RESULTS_ROOT > summary.md
+    python benchmarks/gpu_summary.py RESULTS_ROOT [CALIBRATION_PATH_JSON] > summary.md
 
 Device, driver, NCCL and torch; every cell's step time with its 95% interval, MFU (gpt2-124m presets),
 peak memory; the timing methods side by side (ratios to `sync`, round-blocked); the isolated cell beside the
@@ -9,8 +9,10 @@ same cell inside a group; calibration bandwidth by size; every error row.
 
 from __future__ import annotations
 
+import json
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -49,9 +51,10 @@ def cell_table(rows: pd.DataFrame) -> list[str]:
     for _, r in cells.sort_values(["sweep_id", "mode", "gas", "bucket_cap_mb"]).iterrows():
         what = " ".join(f"{k}={r[k]}" for k in CELL if k in r and pd.notna(r[k]))
         peak, u = r["peak"], mfu(r, tflops)
+        tokens = "" if pd.isna(r["tokens_per_s"]) else f"{r['tokens_per_s']:,.0f}"
         out.append(
             f"| {r['sweep_id']} | {what} | {r['step_ms']:.2f} [{r['step_ms_ci_lo']:.2f}, {r['step_ms_ci_hi']:.2f}] "
-            f"| {r['tokens_per_s']:,.0f} | {'' if u is None else f'{u:.1%}'} | {peak / 2**30:.2f} | {r['n_repeats']} |"
+            f"| {tokens} | {'' if u is None else f'{u:.1%}'} | {peak / 2**30:.2f} | {r['n_repeats']} |"
         )
     return out
 
@@ -83,14 +86,21 @@ def isolation_lines(rows: pd.DataFrame) -> list[str]:
     return [ratio_line("alone / in its group", a.iloc[0], g.iloc[0])]
 
 
-def calibration_lines(root: str) -> list[str]:
+def calibration_lines(root: str, path_json: str | None) -> list[str]:
+    """The sweeps' stored calibration (groups of >= 2 ranks only), then part 0's 1-rank run of the same code."""
     cal = load_calibration(root)
+    out = ["- stored by the sweeps: none (one GPU forms no group of 2 ranks to calibrate)"] if cal.empty else []
+    if path_json and Path(path_json).exists():
+        ran = json.loads(Path(path_json).read_text())
+        out.append(f"- the calibration code on a 1-rank {ran['backend']} group (part 0), {ran['wall_s']:.1f} s:")
+        cal = pd.concat([cal, pd.DataFrame(ran["rows"]).assign(world_size=1)], ignore_index=True)
     if cal.empty:
-        return ["- none stored"]
-    out = ["| kind | world | bytes | time ms | busbw GB/s |", "|---|---|---|---|---|"]
+        return out
+    out += ["", "| kind | world | bytes | time ms | algbw GB/s | busbw GB/s |", "|---|---|---|---|---|---|"]
     for _, c in cal.sort_values(["kind", "size_bytes"]).iterrows():
         out.append(
-            f"| {c['kind']} | {c['world_size']} | {c['size_bytes']:,} | {c['time_ms']:.4f} | {c['busbw_gbps']:.1f} |"
+            f"| {c['kind']} | {c['world_size']} | {c['size_bytes']:,} | {c['time_ms']:.4f} "
+            f"| {c['algbw_gbps']:.1f} | {c['busbw_gbps']:.1f} |"
         )
     return out
 
@@ -102,15 +112,15 @@ def error_lines(rows: pd.DataFrame) -> list[str]:
     return [f"- {r['spec_name']} {r['cell_id']} r{r['repeat']}: {str(r['error'])[:300]}" for _, r in bad.iterrows()]
 
 
-def summary(root: str) -> str:
+def summary(root: str, calibration_path: str | None = None) -> str:
     rows = load(root)
     parts = [f"# make gpu-check, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC", "", "## Device", *device_lines(rows)]
     parts += ["", "## Cells (median step over rounds and steps, 95% interval)", *cell_table(rows)]
     parts += ["", "## Timing methods (DDP cell, step ÷ sync's, round-blocked 95% interval)", *timing_lines(rows)]
     parts += ["", "## One cell alone vs inside a group (issue 21)", *isolation_lines(rows)]
-    parts += ["", "## Calibration", *calibration_lines(root), "", "## Errors", *error_lines(rows)]
+    parts += ["", "## Calibration", *calibration_lines(root, calibration_path), "", "## Errors", *error_lines(rows)]
     return "\n".join(parts) + "\n"
 
 
 if __name__ == "__main__":
-    sys.stdout.write(summary(sys.argv[1]))
+    sys.stdout.write(summary(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None))

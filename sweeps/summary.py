@@ -10,11 +10,25 @@ from results.uncertainty import rel_width
 WIDE_REL = 0.04  # an interval wider than ±2% of its median is listed as noisy
 
 
+# One line per curve: everything but the bucket fixed (analysis.CURVE_KEYS within one sweep)
+LINE_KEYS = ["mode", "timing", "world_size", "num_nodes", "gas", "no_sync", *analysis.DDP_KNOBS]
+KNOB_DEFAULTS = {
+    "comm_hook": "none",
+    "static_graph": False,
+    "broadcast_buffers": True,
+    "env_grid": "{}",
+    "timing": "sync",
+}
+
+
 def progress_line(row: dict, done: int, total: int) -> str:
     bucket = "-" if row.get("bucket_cap_mb") is None else f"{row['bucket_cap_mb']:g}"
     what = (
         f"{row['mode']:<6} w={row['world_size']} bucket={bucket:<5} gas={row['gas']} "
         f"no_sync={str(row['no_sync']).lower():<5} r={row.get('round', 0)}"
+    )
+    what += "".join(
+        f" {k}={row[k]}" for k in ("comm_hook", "timing") if row.get(k, KNOB_DEFAULTS[k]) != KNOB_DEFAULTS[k]
     )
     if row["status"] == "ok":
         tokens = row.get("tokens_per_s")  # None for a workload without tokens_per_sample: samples/s then
@@ -39,7 +53,7 @@ def _curve_line(grp: pd.DataFrame, best: pd.Series, same: list[float]) -> str:
     if pd.isna(best["bucket_cap_mb"]):
         bucket = "no buckets"
     elif len(grp) == 1:
-        bucket = f"one bucket measured ({best['bucket_cap_mb']:g} MB)"
+        bucket = f"best bucket {best['bucket_cap_mb']:g} MB (the only one measured)"
     elif len(same) > 1:
         bucket = f"best bucket {best['bucket_cap_mb']:g} MB, indistinguishable: {', '.join(f'{b:g}' for b in same)} MB"
     else:
@@ -66,6 +80,23 @@ def _resolves(grp: pd.DataFrame, best: pd.Series) -> str:
     )
 
 
+def _where(curve: dict, table: pd.DataFrame) -> str:
+    """`ddp workers=2 gas=1 no_sync=false`, plus the topology, timing and DDP knobs where they vary or are set."""
+    w, n = curve["world_size"], curve["num_nodes"]
+    out = f"{curve['mode']} workers={w}"
+    out += f" topology={n}x{w // n}" if n > 1 or table["num_nodes"].nunique() > 1 else ""
+    out += f" timing={curve['timing']}" if set(table["timing"]) != {"sync"} else ""
+    out += f" gas={curve['gas']} no_sync={str(bool(curve['no_sync'])).lower()}"
+    for k in analysis.DDP_KNOBS:
+        default = KNOB_DEFAULTS.get(k)
+        out += f" {k}={curve[k]}" if k in KNOB_DEFAULTS and curve[k] != default and pd.notna(curve[k]) else ""
+    if curve["comm_hook"] == "powersgd":
+        out += f" powersgd_rank={curve['powersgd_rank']}"
+    if pd.notna(curve["first_bucket_mb"]):
+        out += f" first_bucket_mb={curve['first_bucket_mb']:g}"
+    return out
+
+
 def summary_text(rows: pd.DataFrame) -> str:
     """Per (workers, nodes, gas, no_sync): step_ms by bucket with intervals, the best bucket and the ones
     indistinguishable from it, efficiency vs the baseline; then the cells whose interval is wide."""
@@ -73,14 +104,11 @@ def summary_text(rows: pd.DataFrame) -> str:
     if table.empty:
         return "no distributed cell measured ok"
     lines = ["step times: median ms [95% interval over repeats and steps]"]
-    timings = set(table["timing"])
-    for (t, w, n, g, ns, mode), grp in table.groupby(["timing", "world_size", "num_nodes", "gas", "no_sync", "mode"]):
+    for key, grp in table.groupby(LINE_KEYS, dropna=False):
         grp = grp.sort_values("bucket_cap_mb")
         best = grp.loc[grp["step_ms"].idxmin()]
         same = analysis.indistinguishable(grp, best) if pd.notna(best["bucket_cap_mb"]) else []
-        where = f"workers={w}" + (f" topology={n}x{w // n}" if n > 1 or table["num_nodes"].nunique() > 1 else "")
-        where += f" timing={t}" if timings != {"sync"} else ""
-        lines.append(f"{mode} {where} gas={g} no_sync={str(bool(ns)).lower()}: " + _curve_line(grp, best, same))
+        lines.append(_where(dict(zip(LINE_KEYS, key, strict=True)), table) + ": " + _curve_line(grp, best, same))
     return "\n".join(lines + _decision_lines(rows) + _flag_lines(rows) + _noise_lines(rows))
 
 
@@ -114,7 +142,11 @@ def _decision_lines(rows: pd.DataFrame) -> list[str]:
 
 
 def _cell(r) -> str:
-    return f"{r.mode} {r.num_nodes}x{r.world_size // r.num_nodes} bucket={r.bucket_cap_mb:g} gas={r.gas}"
+    bucket = f" bucket={r.bucket_cap_mb:g}" if pd.notna(r.bucket_cap_mb) else ""
+    out = f"{r.mode} {r.num_nodes}x{r.world_size // r.num_nodes}{bucket} gas={r.gas}"
+    out += " no_sync=true" if r.no_sync else ""
+    out += f" hook={r.comm_hook}" if getattr(r, "comm_hook", "none") != "none" else ""
+    return out + (f" timing={r.timing}" if getattr(r, "timing", "sync") != "sync" else "")
 
 
 def _flag_lines(rows: pd.DataFrame) -> list[str]:

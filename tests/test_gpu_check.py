@@ -4,6 +4,7 @@ and the device bundle's rule: only what the machine lacks goes on PYTHONPATH."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -79,3 +80,14 @@ def test_the_bundle_adds_only_what_this_python_lacks(tmp_path):
     path = done.stdout.strip().splitlines()[-1].removeprefix("PYTHONPATH=").split(":")
     assert path == [str(ROOT), str(tmp_path / "site" / "site" / "ddpsweep_absent_dist"), "/keep"]
     assert "on PYTHONPATH: 1 distributions" in done.stdout
+
+
+def test_part_0_runs_the_calibration_code_on_one_rank(tmp_path):
+    out = tmp_path / "calibration_path.json"
+    script = ROOT / "benchmarks" / "gpu_calibration_path.py"
+    subprocess.run([sys.executable, str(script), str(out)], cwd=ROOT, check=True, capture_output=True, timeout=120)
+    ran = json.loads(out.read_text())
+    sizes = [r["size_bytes"] for r in ran["rows"] if r["kind"] == "all_reduce"]
+    assert ran["backend"] == "gloo" and sizes == [4096 * 4**i for i in range(8)]  # 4 KiB .. 64 MiB on CPU
+    assert all(r["iters"] == 10 and r["time_ms"] > 0 and r["busbw_gbps"] == 0 for r in ran["rows"][:-1])
+    assert ran["rows"][-1]["kind"] == "broadcast_params" and ran["rows"][-1]["size_bytes"] > 0
