@@ -53,15 +53,27 @@ def _mark_indistinguishable(ax, line: pd.DataFrame, color: str) -> None:
     ax.plot([best["bucket_cap_mb"]], [best["step_ms"]], "*", color=color, markersize=14)
 
 
+def curve_label(curve: dict, panel: pd.DataFrame) -> str:
+    """`2 ranks, no_sync=False`, then every other curve key whose value differs between the panel's lines
+    (topology, hook, timing, sweep, …), so two lines never share a label."""
+    out = f"{curve['world_size']} ranks, no_sync={bool(curve['no_sync'])}"
+    for k, v in curve.items():
+        if k not in ("world_size", "no_sync") and panel[k].nunique(dropna=False) > 1:
+            out += f", {k}={'-' if pd.isna(v) else v}"
+    return out
+
+
 def u_curve_figure(rows: pd.DataFrame) -> Figure:
-    """step_ms against bucket_cap_mb (log x): a panel per (cluster, gas), a line per (world size, no_sync)."""
+    """step_ms against bucket_cap_mb (log x): a panel per (cluster, gas), a line per curve (analysis.CURVE_KEYS:
+    everything but the bucket), labelled by what differs between the panel's lines."""
     t = _ddp_cells(rows)
     t = t[t["bucket_cap_mb"].notna()]
     clusters, gases = sorted(t["cluster"].unique()) or ["-"], sorted(t["gas"].unique()) or [1]
     fig, axes = _subplots(len(clusters), len(gases), figsize=(5.5 * len(gases), 3.8 * len(clusters)), squeeze=False)
     for (i, cluster), (j, gas) in ((ci, gj) for ci in enumerate(clusters) for gj in enumerate(gases)):
         ax, sub = axes[i][j], t[(t["cluster"] == cluster) & (t["gas"] == gas)]
-        for (world, ns), line in sub.groupby(["world_size", "no_sync"]):
+        keys = [k for k in analysis.CURVE_KEYS if k not in ("cluster", "gas")]
+        for key, line in sub.groupby(keys, dropna=False):
             line = line.sort_values("bucket_cap_mb")
             color = errorbar(
                 ax,
@@ -69,7 +81,7 @@ def u_curve_figure(rows: pd.DataFrame) -> Figure:
                 line["step_ms"],
                 line["step_ms_ci_lo"],
                 line["step_ms_ci_hi"],
-                label=f"{world} ranks, no_sync={bool(ns)}",
+                label=curve_label(dict(zip(keys, key, strict=True)), sub),
             )
             _mark_indistinguishable(ax, line, color)
         base = sub.dropna(subset=["baseline_step_ms"])

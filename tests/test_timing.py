@@ -105,21 +105,35 @@ def test_each_timing_is_compared_with_its_own_baseline():
     )
 
 
+def curve_row(mode: str, ms: float, timing: str = "sync", hook: str = "none", bucket: float | None = None) -> dict:
+    r = row(mode, 1 if mode == "single" else 2, ms, bucket=bucket, timing=timing, comm_hook=hook, round=0)
+    return r | {"cell_id": f"{r['cell_id']}-{timing}-{hook}", "group_id": "g0", "step_times_ms": [ms, ms]}
+
+
+MIXED = [curve_row("single", 100.0), curve_row("single", 90.0, "loop"), curve_row("ddp", 125.0, bucket=25.0)]
+MIXED += [curve_row("ddp", 110.0, hook="fp16", bucket=25.0), curve_row("ddp", 100.0, "loop", bucket=25.0)]
+
+
 def test_the_summary_gives_each_timing_and_hook_its_own_curve():
     from sweeps.summary import summary_text
 
-    def at(mode, ms, timing="sync", hook="none", bucket=None):
-        r = row(mode, 1 if mode == "single" else 2, ms, bucket=bucket, timing=timing, comm_hook=hook, round=0)
-        return r | {"cell_id": f"{r['cell_id']}-{timing}-{hook}", "group_id": "g0", "step_times_ms": [ms, ms]}
-
-    rows = pd.DataFrame(
-        [at("single", 100.0), at("single", 90.0, "loop"), at("ddp", 125.0, bucket=25.0)]
-        + [at("ddp", 110.0, hook="fp16", bucket=25.0), at("ddp", 100.0, "loop", bucket=25.0)]
-    )
-    lines = [x for x in summary_text(rows).splitlines() if x.startswith("ddp ")]
+    lines = [x for x in summary_text(pd.DataFrame(MIXED)).splitlines() if x.startswith("ddp ")]
     assert [x.split(":")[0] for x in lines] == [
         "ddp workers=2 timing=loop gas=1 no_sync=false",
         "ddp workers=2 timing=sync gas=1 no_sync=false comm_hook=fp16",
         "ddp workers=2 timing=sync gas=1 no_sync=false",
     ]
     assert "25MB:125.0" in lines[2] and "25MB:110.0" in lines[1] and "(baseline 90.0 ms)" in lines[0]
+
+
+def test_the_u_curve_figure_draws_and_labels_each_curve_apart():
+    from results import plots
+
+    (ax,) = plots.u_curve_figure(pd.DataFrame(MIXED)).axes
+    labels = [t.get_text() for t in ax.get_legend().get_texts() if "ranks" in t.get_text()]
+    assert sorted(labels) == [
+        "2 ranks, no_sync=False, timing=loop, comm_hook=none",
+        "2 ranks, no_sync=False, timing=sync, comm_hook=fp16",
+        "2 ranks, no_sync=False, timing=sync, comm_hook=none",
+    ]
+    assert sorted(len(line.get_xdata()) for line in ax.get_lines() if line.get_marker() == "o") == [1, 1, 1]
