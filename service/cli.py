@@ -49,9 +49,8 @@ def run(
     """Run a sweep: one Ray Tune trial (one warm TorchTrainer) per worker group, one Parquet row per measurement."""
     from results.errors import StoreFull
     from sweeps import runner, session
-    from sweeps.grid import cells_table
     from sweeps.specfile import load_spec
-    from sweeps.summary import summary_text
+    from sweeps.summary import cells_table, summary_text
 
     plan = None
     stop_on_signals(session)

@@ -373,33 +373,3 @@ def calibration_groups(cells: list[Cell], *, sweep_id: str) -> list[Group]:
         )
         for key, cell in shapes.items()
     ]
-
-
-def cells_table(cells: list[Cell], repeats: int = 1, isolation: str = "group") -> str:
-    """The grid as a plain-text table (for --dry-run)."""
-    head = ["cell_id", "mode", "topology", "workers", "bucket_mb", "gas", "no_sync", "grad_view", "model", "batch"]
-    rows = [head]
-    for c in cells:
-        s = c.step
-        rows.append(
-            [
-                c.cell_id,
-                s.mode,
-                c.topology,
-                str(c.world_size),
-                "-" if s.bucket_cap_mb is None else f"{s.bucket_cap_mb:g}",
-                str(s.gas),
-                str(s.no_sync).lower(),
-                "-" if s.gradient_as_bucket_view is None else str(s.gradient_as_bucket_view).lower(),
-                s.model,
-                f"{s.micro_batch}" if s.workload else f"{s.micro_batch}x{s.seq_len}",
-            ]
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    keys = {"group": {c.group_key for c in cells}, "sweep": {c.sweep_key for c in cells}}
-    groups = len(keys[isolation]) if isolation in keys else len(cells) * repeats
-    lines.append(
-        f"{len(cells)} cells x {repeats} repeat(s) = {len(cells) * repeats} measurements in {groups} worker group(s)"
-    )
-    return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""Human-readable progress lines and the end-of-sweep summary (every figure with its 95% interval)."""
+"""Human-readable text: the dry-run grid, progress lines and the end-of-sweep summary (every figure with its
+95% interval)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import pandas as pd
 
 from results import analysis, racing
 from results.uncertainty import rel_width
+from sweeps.grid import Cell
+from trainers.config import StepConfig
 
 WIDE_REL = 0.04  # an interval wider than ±2% of its median is listed as noisy
 
@@ -183,3 +186,45 @@ def _noise_lines(rows: pd.DataFrame) -> list[str]:
         return out
     names = ", ".join(_cell(r) for r in wide.itertuples())
     return [*out, f"noisy: {len(wide)} cell(s) with an interval wider than ±{WIDE_REL / 2:.0%}: {names}"]
+
+
+def cells_table(cells: list[Cell], repeats: int = 1, isolation: str = "group") -> str:
+    """The grid as a plain-text table (for --dry-run); a `knobs` column where any cell sets a knob beyond
+    bucket, gas and no_sync (hook, first bucket, DDP flags, timing, environment)."""
+    head = ["cell_id", "mode", "topology", "workers", "bucket_mb", "gas", "no_sync", "grad_view", "model", "batch"]
+    rows = []
+    for c in cells:
+        s = c.step
+        rows.append(
+            [
+                c.cell_id,
+                s.mode,
+                c.topology,
+                str(c.world_size),
+                "-" if s.bucket_cap_mb is None else f"{s.bucket_cap_mb:g}",
+                str(s.gas),
+                str(s.no_sync).lower(),
+                "-" if s.gradient_as_bucket_view is None else str(s.gradient_as_bucket_view).lower(),
+                s.model,
+                f"{s.micro_batch}" if s.workload else f"{s.micro_batch}x{s.seq_len}",
+                _knobs(c),
+            ]
+        )
+    rows = [head + ["knobs"], *rows] if any(r[-1] for r in rows) else [head, *(r[:-1] for r in rows)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    keys = {"group": {c.group_key for c in cells}, "sweep": {c.sweep_key for c in cells}}
+    groups = len(keys[isolation]) if isolation in keys else len(cells) * repeats
+    lines.append(
+        f"{len(cells)} cells x {repeats} repeat(s) = {len(cells) * repeats} measurements in {groups} worker group(s)"
+    )
+    return "\n".join(lines)
+
+
+def _knobs(cell: Cell) -> str:
+    """The cell's settings that differ from their defaults, beyond the table's own columns: `comm_hook=fp16 …`."""
+    s, default = cell.step, StepConfig
+    names = ("comm_hook", "first_bucket_mb", "static_graph", "broadcast_buffers", "timing")
+    out = [f"{n}={getattr(s, n)}" for n in names if getattr(s, n) != getattr(default, n)]
+    out += [f"powersgd_rank={s.powersgd_rank}"] if s.comm_hook == "powersgd" else []
+    return " ".join(out + ([f"env={cell.env}"] if cell.env != "{}" else []))

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from results.errors import LabelError
-from sweeps.grid import cells_table, expand
+from sweeps.grid import expand
 from sweeps.preflight import ClusterResources, cell_problem, check
 from sweeps.spec import SpecError
 from sweeps.specfile import load_spec, parse_spec
+from sweeps.summary import cells_table
 
 SPECS = Path(__file__).resolve().parent.parent / "sweeps" / "specs"
 

@@ -137,3 +137,20 @@ def test_the_u_curve_figure_draws_and_labels_each_curve_apart():
         "2 ranks, no_sync=False, timing=sync, comm_hook=none",
     ]
     assert sorted(len(line.get_xdata()) for line in ax.get_lines() if line.get_marker() == "o") == [1, 1, 1]
+
+
+KNOB_SETS = ("comm_hook=fp16 timing=loop", "comm_hook=fp16", "timing=loop")
+
+
+def test_the_dry_run_table_names_the_knobs_a_cell_sets():
+    from sweeps.summary import cells_table
+
+    plain = cells_table(expand(spec())).splitlines()
+    timed = cells_table(expand(spec(timing=["sync", "loop"], comm_hook=["none", "fp16"]))).splitlines()
+    assert not plain[0].endswith("knobs") and timed[0].endswith("knobs")
+    ends = [next((k for k in KNOB_SETS if line.endswith(k)), "") for line in timed[1:-1]]
+    assert (
+        sorted(ends)
+        == ["", "", "", "comm_hook=fp16", "comm_hook=fp16", *["comm_hook=fp16 timing=loop"] * 2] + ["timing=loop"] * 3
+    )
+    assert timed[-1].startswith("10 cells x 1 repeat(s) = 10 measurements")
