@@ -64,7 +64,8 @@ def timing_as_run(cfg: StepConfig, device: torch.device) -> tuple[str, str | Non
 
 def slowed(step: Hook, fraction: float, sync: Hook) -> Hook:
     """Benchmark-only: `step`, then a sleep of `fraction` of its own time inside the timed region, so that a
-    known difference can be planted in a real sweep (racing's validation)."""
+    known difference can be planted in a real sweep (racing's validation). It synchronizes after each step, so
+    under `events` and `loop` timing a planted step is no longer asynchronous: plant slowdowns under `sync`."""
     if not fraction:
         return step
 
