@@ -12,6 +12,7 @@ measured step noise and round-to-round noise (A/A: how often is any cell dropped
 per round, equal and with one cell 10% slower (how often is it dropped, and how soon?).
 
     python benchmarks/race_check.py [--races 3] [--sims 200] [--max-rounds 24] [--rows DIR]
+    python benchmarks/race_check.py --noise 0.119,0.129     # simulations only, at a given noise
 """
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ def simulations(residuals: np.ndarray, round_sd: float, sims: int, max_rounds: i
     rule = Rule(race=True, min_rounds=3, max_rounds=max_rounds, tolerance=0.02)
     cases = [
         ("A/A, this machine's noise", [0.0] * 4, round_sd, None),
+        ("one cell +30%, this machine's noise", [0.0, 0.0, 0.30, 0.0], round_sd, None),
         ("A/A, GPU-like 2% CV", [0.0] * 4, 0.02, 0.02),
         ("one cell +10%, GPU-like 2% CV", [0.0, 0.0, 0.10, 0.0], 0.02, 0.02),
     ]
@@ -141,9 +143,10 @@ def simulations(residuals: np.ndarray, round_sd: float, sims: int, max_rounds: i
             if any(slow):
                 hit = [o[2] for o in outs if 2 in o]
                 wrong = sum(any(k != 2 for k in o) for o in outs) / sims
+                by5 = sum(r < 5 for r in hit) / sims
                 line += (
-                    f"; the slower one in {len(hit) / sims:.1%} (median after round {np.median(hit) + 1:.0f}), "
-                    f"an equal one in {wrong:.1%}"
+                    f"; the slower one in {len(hit) / sims:.1%} (median after round {np.median(hit) + 1:.0f}; "
+                    f"by round 5 in {by5:.1%}), an equal one in {wrong:.1%}"
                 )
             print(line)
 
@@ -154,7 +157,15 @@ def main() -> None:
     parser.add_argument("--sims", type=int, default=200)
     parser.add_argument("--max-rounds", type=int, default=24)
     parser.add_argument("--rows", default=None, help="a results root holding race-* sweeps (skips the real runs)")
+    parser.add_argument(
+        "--noise", default=None, help="STEP_SD,ROUND_SD (log): simulate only, normal per-step noise of that size"
+    )
     args = parser.parse_args()
+    if args.noise:
+        step_sd, round_sd = (float(v) for v in args.noise.split(","))
+        residuals = np.random.default_rng(0).normal(0, step_sd, 100_000)
+        print(f"simulated races ({args.sims} each, per-step SD {step_sd:.1%}, round-to-round SD {round_sd:.1%}):")
+        return simulations(residuals, round_sd, args.sims, args.max_rounds)
     out = Path(args.rows or tempfile.mkdtemp(prefix="ddpsweep-race-"))
     frames = []
     for i in range(args.races):
