@@ -4,7 +4,10 @@
 _bundle=${1:-build/device_bundle.tar.xz}
 _site=${DEVICE_SITE:-${TMPDIR:-/tmp}/ddpsweep-device-site}
 if [ -f "$_bundle" ]; then
-  rm -rf "$_site" && mkdir -p "$_site" && xz -dc "$_bundle" | tar -C "$_site" -xf -
+  rm -rf "$_site" && mkdir -p "$_site"
+  "${PYTHON:-python3}" -c 'import sys, tarfile
+kw = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}  # modes kept: raylet and gcs_server need +x
+tarfile.open(sys.argv[1]).extractall(sys.argv[2], **kw)' "$_bundle" "$_site"
   _paths=$("${PYTHON:-python3}" - "$_site/site" <<'PY'
 import pathlib, sys
 from importlib import metadata
