@@ -56,11 +56,8 @@ def _mark_indistinguishable(ax, line: pd.DataFrame, color: str) -> None:
 def curve_label(curve: dict, panel: pd.DataFrame) -> str:
     """`2 ranks, no_sync=False`, then every other curve key whose value differs between the panel's lines
     (topology, hook, timing, sweep, …), so two lines never share a label."""
-    out = f"{curve['world_size']} ranks, no_sync={bool(curve['no_sync'])}"
-    for k, v in curve.items():
-        if k not in ("world_size", "no_sync") and panel[k].nunique(dropna=False) > 1:
-            out += f", {k}={'-' if pd.isna(v) else v}"
-    return out
+    extra = analysis.varying(curve, panel, shown=("world_size", "no_sync"))
+    return f"{curve['world_size']} ranks, no_sync={bool(curve['no_sync'])}" + extra.replace(" ", ", ")
 
 
 def u_curve_figure(rows: pd.DataFrame) -> Figure:

@@ -148,13 +148,19 @@ def _finite(v) -> float | None:
 
 
 def curve_series(cells: pd.DataFrame, y: str, label: str = "") -> list[Series]:
-    """One series per (world, nodes, gas, no_sync) curve over bucket_cap_mb, with the y interval where known."""
+    """One series per curve (analysis.CURVE_KEYS) over bucket_cap_mb, with the y interval where known; the name
+    says what differs from the other series (hook, timing, sweep, …) beside world, nodes, gas and no_sync."""
     ddp = cells[(cells["mode"] == "ddp") & cells["bucket_cap_mb"].notna()]
     several = ddp["num_nodes"].nunique() > 1
+    keys = [k for k in analysis.CURVE_KEYS if k != "cluster"]
     out = []
-    for (world, nodes, gas, no_sync), g in ddp.groupby(["world_size", "num_nodes", "gas", "no_sync"]):
+    for key, g in ddp.groupby(keys, dropna=False):
+        curve = dict(zip(keys, key, strict=True))
+        world, nodes, gas = curve["world_size"], curve["num_nodes"], curve["gas"]
         where = f"{nodes}x{world // nodes}" if several else f"w={world}"
-        out.append(Series(f"{label}{where} gas={gas}{' no_sync' if no_sync else ''}", _points(g, "bucket_cap_mb", y)))
+        name = f"{label}{where} gas={gas}{' no_sync' if curve['no_sync'] else ''}"
+        extra = analysis.varying(curve, ddp, shown=("world_size", "num_nodes", "gas", "no_sync"))
+        out.append(Series(name + extra, _points(g, "bucket_cap_mb", y)))
     return out
 
 

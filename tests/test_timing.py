@@ -154,3 +154,15 @@ def test_the_dry_run_table_names_the_knobs_a_cell_sets():
         == ["", "", "", "comm_hook=fp16", "comm_hook=fp16", *["comm_hook=fp16 timing=loop"] * 2] + ["timing=loop"] * 3
     )
     assert timed[-1].startswith("10 cells x 1 repeat(s) = 10 measurements")
+
+
+def test_the_dashboard_u_curve_has_a_series_per_curve_named_apart():
+    from service.dashboard import curve_series
+
+    series = curve_series(analysis.with_baseline(pd.DataFrame(MIXED)), "step_ms")
+    assert sorted(s.name for s in series) == [
+        "w=2 gas=1 timing=loop comm_hook=none",
+        "w=2 gas=1 timing=sync comm_hook=fp16",
+        "w=2 gas=1 timing=sync comm_hook=none",
+    ]
+    assert all(len(s.points) == 1 for s in series)
