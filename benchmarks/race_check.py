@@ -165,7 +165,8 @@ def main() -> None:
         step_sd, round_sd = (float(v) for v in args.noise.split(","))
         residuals = np.random.default_rng(0).normal(0, step_sd, 100_000)
         print(f"simulated races ({args.sims} each, per-step SD {step_sd:.1%}, round-to-round SD {round_sd:.1%}):")
-        return simulations(residuals, round_sd, args.sims, args.max_rounds)
+        simulations(residuals, round_sd, args.sims, args.max_rounds)
+        return
     out = Path(args.rows or tempfile.mkdtemp(prefix="ddpsweep-race-"))
     frames = []
     for i in range(args.races):

@@ -51,14 +51,14 @@ CURVE_KEYS = BASELINE_KEYS + [
 ]
 
 
-def varying(curve: dict, frame: pd.DataFrame, shown: tuple[str, ...] = ()) -> str:
-    """` k=v` for each key of `curve` (beyond `shown`) whose value differs across `frame`: what tells a line apart
+def varying(curve: dict, frame: pd.DataFrame, shown: tuple[str, ...] = ()) -> list[str]:
+    """`k=v` for each key of `curve` (beyond `shown`) whose value differs across `frame`: what tells a line apart
     from the others drawn with it (a hook, a timing, a topology, a sweep)."""
-    out = ""
-    for k, v in curve.items():
-        if k not in shown and frame[k].nunique(dropna=False) > 1:
-            out += f" {k}={'-' if pd.isna(v) else v}"
-    return out
+    return [
+        f"{k}={'-' if pd.isna(v) else v}"
+        for k, v in curve.items()
+        if k not in shown and frame[k].nunique(dropna=False) > 1
+    ]
 
 
 DRIFT_MIN = 0.05  # a control must move at least 5% (and beyond twice its own noise) to flag its round

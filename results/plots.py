@@ -57,7 +57,7 @@ def curve_label(curve: dict, panel: pd.DataFrame) -> str:
     """`2 ranks, no_sync=False`, then every other curve key whose value differs between the panel's lines
     (topology, hook, timing, sweep, …), so two lines never share a label."""
     extra = analysis.varying(curve, panel, shown=("world_size", "no_sync"))
-    return f"{curve['world_size']} ranks, no_sync={bool(curve['no_sync'])}" + extra.replace(" ", ", ")
+    return ", ".join([f"{curve['world_size']} ranks", f"no_sync={bool(curve['no_sync'])}", *extra])
 
 
 def u_curve_figure(rows: pd.DataFrame) -> Figure:

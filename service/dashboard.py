@@ -160,7 +160,7 @@ def curve_series(cells: pd.DataFrame, y: str, label: str = "") -> list[Series]:
         where = f"{nodes}x{world // nodes}" if several else f"w={world}"
         name = f"{label}{where} gas={gas}{' no_sync' if curve['no_sync'] else ''}"
         extra = analysis.varying(curve, ddp, shown=("world_size", "num_nodes", "gas", "no_sync"))
-        out.append(Series(name + extra, _points(g, "bucket_cap_mb", y)))
+        out.append(Series(" ".join([name, *extra]), _points(g, "bucket_cap_mb", y)))
     return out
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from results import analysis, racing
+from results.recommend import DEFAULT_KNOBS
 from results.uncertainty import rel_width
 from sweeps.grid import Cell
 from trainers.config import StepConfig
@@ -15,13 +16,7 @@ WIDE_REL = 0.04  # an interval wider than ±2% of its median is listed as noisy
 
 # One line per curve: everything but the bucket fixed (analysis.CURVE_KEYS within one sweep)
 LINE_KEYS = ["mode", "timing", "world_size", "num_nodes", "gas", "no_sync", *analysis.DDP_KNOBS]
-KNOB_DEFAULTS = {
-    "comm_hook": "none",
-    "static_graph": False,
-    "broadcast_buffers": True,
-    "env_grid": "{}",
-    "timing": "sync",
-}
+KNOB_DEFAULTS = DEFAULT_KNOBS | {"timing": "sync"}  # PyTorch's own, and the harness's default timing
 
 
 def progress_line(row: dict, done: int, total: int) -> str:
@@ -90,9 +85,7 @@ def _where(curve: dict, table: pd.DataFrame) -> str:
     out += f" topology={n}x{w // n}" if n > 1 or table["num_nodes"].nunique() > 1 else ""
     out += f" timing={curve['timing']}" if set(table["timing"]) != {"sync"} else ""
     out += f" gas={curve['gas']} no_sync={str(bool(curve['no_sync'])).lower()}"
-    for k in analysis.DDP_KNOBS:
-        default = KNOB_DEFAULTS.get(k)
-        out += f" {k}={curve[k]}" if k in KNOB_DEFAULTS and curve[k] != default and pd.notna(curve[k]) else ""
+    out += "".join(f" {k}={curve[k]}" for k, default in DEFAULT_KNOBS.items() if curve[k] != default)
     if curve["comm_hook"] == "powersgd":
         out += f" powersgd_rank={curve['powersgd_rank']}"
     if pd.notna(curve["first_bucket_mb"]):

@@ -255,3 +255,11 @@ def test_the_compact_command_says_what_it_did(two_sweeps):
     ]
     bad = compact("--cluster", "../x")
     assert bad.returncode == 2 and "--cluster" in bad.stderr and two_sweeps.files()
+
+
+def test_without_duckdb_the_reader_reads_file_by_file(two_sweeps, monkeypatch):
+    paths = two_sweeps.files()
+    scanned = reader.combine(reader.read_files(two_sweeps.fs, paths))
+    monkeypatch.setitem(sys.modules, "duckdb", None)  # `import duckdb` now raises ImportError (the GPU image)
+    assert reader.scan_local(paths, reader.SCHEMA) is None
+    assert reader.combine(reader.read_files(two_sweeps.fs, paths)).equals(scanned)
