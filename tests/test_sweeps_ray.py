@@ -164,7 +164,7 @@ def test_a_race_drops_planted_slow_cells_and_auto_rounds_stop_once_resolved(faul
     from sweeps.summary import summary_text
 
     fault_file.write_text("")
-    decide = "search: race\nmin_rounds: 2\nmax_rounds: 6\n"
+    decide = "search: race\nmin_rounds: 3\nmax_rounds: 6\n"
     spec = parse_spec(spec_text(buckets="[0.25, 1, 25]", repeats="auto") + decide)
     fast, *slow = [c for c in expand(spec) if c.step.mode == "ddp"]
     monkeypatch.setenv(SLOWDOWN_ENV, ",".join(f"{c.cell_id}=3" for c in slow))  # timed steps 4x as long
@@ -178,7 +178,7 @@ def test_a_race_drops_planted_slow_cells_and_auto_rounds_stop_once_resolved(faul
         dropped = [r["eliminated_at_round"] for r in mine if r.get("eliminated_at_round") is not None]
         assert dropped in ([], [mine[-1]["round"]])  # only the rows of its last round say so
     survivor = [r for r in ddp if r["cell_id"] == fast.cell_id]
-    assert 2 <= len(survivor) < 6 and all(r.get("injected_slowdown") is None for r in survivor)
+    assert 3 <= len(survivor) < 6 and all(r.get("injected_slowdown") is None for r in survivor)
     assert any(r.get("eliminated_at_round") is not None for r in ddp)
     summary = summary_text(load(str(tmp_path)))
     assert "rounds auto, workers=2 gas=1 no_sync=false: resolved after" in summary and "race: " in summary
