@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -54,12 +55,12 @@ SPEC = {
 }
 
 
-def real_race(out: Path, i: int, max_rounds: int) -> pd.DataFrame:
+def real_race(out: Path, i: int, max_rounds: int, timed_steps: int) -> pd.DataFrame:
     """One race on the embedded Ray, its slowdowns planted on a rotation of the buckets; its rows."""
     from sweeps.grid import expand
     from sweeps.spec import spec_from_dict
 
-    spec = SPEC | {"repeats": max_rounds}
+    spec = SPEC | {"repeats": max_rounds, "timed_steps": timed_steps}
     cells = {c.step.bucket_cap_mb: c.cell_id for c in expand(spec_from_dict(spec, "race")) if c.step.mode == "ddp"}
     planted = {b: PLANTED[(k + i) % len(BUCKETS)] for k, b in enumerate(BUCKETS)}
     path = out / "race.yaml"
@@ -95,26 +96,47 @@ def report_race(rows: pd.DataFrame, max_rounds: int) -> dict:
     }
 
 
-def measured_noise(rows: pd.DataFrame) -> tuple[np.ndarray, float]:
-    """From the unslowed DDP rows: per-step log residuals around each row's median, and the SD of the rows'
-    log medians around their cell's (round-to-round noise)."""
+@dataclass(frozen=True)
+class Noise:
+    """A group's noise at its three levels (log SDs): what every cell of a round shares (`round_sd`: cancels in
+    round-blocked comparisons), what each cell's measurement adds beyond its steps' sampling (`cell_sd`), and
+    the per-step residuals around each measurement's median (`steps`, `steps_per` of them per measurement)."""
+
+    steps: np.ndarray
+    steps_per: int
+    cell_sd: float
+    round_sd: float = 0.0
+
+
+def measured_noise(rows: pd.DataFrame) -> Noise:
+    """From the unslowed DDP rows: a two-way split of the rows' log medians (cell + round + residual), less the
+    part of the residual that the steps' own sampling explains (a bootstrap of each row's median)."""
     ok = rows[(rows["mode"] == "ddp") & (rows["status"] == "ok") & rows["injected_slowdown"].isna()]
-    steps = np.concatenate([np.log(np.asarray(t) / np.median(t)) for t in ok["step_times_ms"]])
-    levels = np.log(ok["step_ms"] / ok.groupby("cell_id")["step_ms"].transform("median"))
-    return steps, float(levels.std(ddof=1))
+    steps = [np.log(np.asarray(t) / np.median(t)) for t in ok["step_times_ms"]]
+    logs = np.log(ok["step_ms"])
+    cell = logs - logs.groupby(ok["cell_id"]).transform("mean")
+    common = cell.groupby(ok["group_id"].astype(str) + "/" + ok["round"].astype(str)).transform("mean")
+    n_cells = ok["cell_id"].nunique()
+    n_rounds = common.groupby(ok["group_id"].astype(str) + "/" + ok["round"].astype(str)).ngroups
+    resid_var = float(((cell - common) ** 2).sum() / max(len(ok) - n_cells - n_rounds + 1, 1))  # two-way df
+    rng = np.random.default_rng(0)
+    sampling = np.mean([np.var([np.median(rng.choice(s, len(s))) for _ in range(200)]) for s in steps])
+    round_sd = float(np.sqrt(max(float(common.var(ddof=1)) - resid_var / n_cells, 0.0)))
+    cell_sd = float(np.sqrt(max(resid_var - sampling, 0.0)))
+    return Noise(np.concatenate(steps), int(np.median([len(s) for s in steps])), cell_sd, round_sd)
 
 
-def simulate(args: tuple) -> dict[str, int]:
-    """One simulated race: {cell: round dropped after}. Each measurement: a round level (lognormal, `round_sd`)
-    times `steps_per` per-step factors resampled from the measured residuals (scaled to `step_sd` if given)."""
-    seed, slow, residuals, round_sd, step_sd, rule = args
+def simulate(args: tuple) -> dict[int, int]:
+    """One simulated race: {cell: round dropped after}. Each measurement: the round's common level times the
+    cell's own (both lognormal) times `steps_per` per-step factors resampled from the measured residuals."""
+    seed, slow, noise, rule = args
     rng = np.random.default_rng(seed)
-    if step_sd is not None:
-        residuals = residuals * step_sd / residuals.std()
     alive, dropped, rows = set(range(len(slow))), {}, []
     for r in range(rule.max_rounds):
+        common = rng.normal(0, noise.round_sd)
         for c in sorted(alive):
-            times = 100.0 * (1 + slow[c]) * np.exp(rng.normal(0, round_sd) + rng.choice(residuals, 10))
+            level = 100.0 * (1 + slow[c]) * np.exp(common + rng.normal(0, noise.cell_sd))
+            times = level * np.exp(rng.choice(noise.steps, noise.steps_per))
             rows.append(
                 {"cell_id": str(c), "round": r, "cluster": "s", "sweep_id": "s", "group_id": "g", "status": "ok"}
                 | {"step_times_ms": times, "step_ms": float(np.median(times)), "repeat": r}
@@ -127,17 +149,22 @@ def simulate(args: tuple) -> dict[str, int]:
     return dropped
 
 
-def simulations(residuals: np.ndarray, round_sd: float, sims: int, max_rounds: int) -> None:
+def gpu_like(steps_per: int) -> Noise:
+    """2% CV per step and 2% per measurement, nothing shared by a round."""
+    return Noise(np.random.default_rng(0).normal(0, 0.02, 100_000), steps_per, 0.02)
+
+
+def simulations(noise: Noise, sims: int, max_rounds: int) -> None:
     rule = Rule(race=True, min_rounds=3, max_rounds=max_rounds, tolerance=0.02)
     cases = [
-        ("A/A, this machine's noise", [0.0] * 4, round_sd, None),
-        ("one cell +30%, this machine's noise", [0.0, 0.0, 0.30, 0.0], round_sd, None),
-        ("A/A, GPU-like 2% CV", [0.0] * 4, 0.02, 0.02),
-        ("one cell +10%, GPU-like 2% CV", [0.0, 0.0, 0.10, 0.0], 0.02, 0.02),
+        ("A/A, this machine's noise", [0.0] * 4, noise),
+        ("one cell +30%, this machine's noise", [0.0, 0.0, 0.30, 0.0], noise),
+        ("A/A, GPU-like 2% CV", [0.0] * 4, gpu_like(noise.steps_per)),
+        ("one cell +10%, GPU-like 2% CV", [0.0, 0.0, 0.10, 0.0], gpu_like(noise.steps_per)),
     ]
     with multiprocessing.Pool(os.cpu_count()) as pool:
-        for name, slow, rsd, ssd in cases:
-            outs = pool.map(simulate, [(s, slow, residuals, rsd, ssd, rule) for s in range(sims)])
+        for name, slow, case_noise in cases:
+            outs = pool.map(simulate, [(s, slow, case_noise, rule) for s in range(sims)])
             any_dropped = sum(bool(o) for o in outs) / sims
             line = f"  {name}: a cell dropped in {any_dropped:.1%} of {sims} races"
             if any(slow):
@@ -151,28 +178,42 @@ def simulations(residuals: np.ndarray, round_sd: float, sims: int, max_rounds: i
             print(line)
 
 
+def describe(noise: Noise) -> str:
+    return (
+        f"per-step SD {noise.steps.std():.1%}, {noise.steps_per} steps a measurement; per cell and round "
+        f"{noise.cell_sd:.1%} beyond the steps; shared by a round's cells {noise.round_sd:.1%} (log)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--races", type=int, default=3)
     parser.add_argument("--sims", type=int, default=200)
     parser.add_argument("--max-rounds", type=int, default=24)
+    parser.add_argument("--timed-steps", type=int, default=SPEC["timed_steps"], help="timed steps per measurement")
     parser.add_argument("--rows", default=None, help="a results root holding race-* sweeps (skips the real runs)")
     parser.add_argument(
-        "--noise", default=None, help="STEP_SD,ROUND_SD (log): simulate only, normal per-step noise of that size"
+        "--noise",
+        default=None,
+        help="STEP_SD,CELL_SD[,ROUND_SD] (log): simulate only; normal per-step noise, each measurement's own "
+        "level, the level a round's cells share",
     )
     args = parser.parse_args()
     if args.noise:
-        step_sd, round_sd = (float(v) for v in args.noise.split(","))
-        residuals = np.random.default_rng(0).normal(0, step_sd, 100_000)
-        print(f"simulated races ({args.sims} each, per-step SD {step_sd:.1%}, round-to-round SD {round_sd:.1%}):")
-        simulations(residuals, round_sd, args.sims, args.max_rounds)
+        step_sd, cell_sd, *shared = (float(v) for v in args.noise.split(","))
+        steps = np.random.default_rng(0).normal(0, step_sd, 100_000)
+        noise = Noise(steps, args.timed_steps, cell_sd, shared[0] if shared else 0.0)
+        print(f"simulated races ({args.sims} each, {describe(noise)}):")
+        simulations(noise, args.sims, args.max_rounds)
         return
     out = Path(args.rows or tempfile.mkdtemp(prefix="ddpsweep-race-"))
     frames = []
     for i in range(args.races):
         print(f"race {i + 1}/{args.races}:")
         rows = (
-            real_race(out, i, args.max_rounds) if args.rows is None else load(str(out)).query(f"sweep_id == 'race-{i}'")
+            real_race(out, i, args.max_rounds, args.timed_steps)
+            if args.rows is None
+            else load(str(out)).query(f"sweep_id == 'race-{i}'")
         )
         frames.append(rows)
         verdict = report_race(rows, args.max_rounds)
@@ -180,10 +221,10 @@ def main() -> None:
             f"    both slowed dropped by round 5: {verdict['slowed_dropped_by_5']}; winner unslowed: "
             f"{verdict['winner_unslowed']}; measurements {verdict['fraction']:.0%} of a full grid"
         )
-    residuals, round_sd = measured_noise(pd.concat(frames))
-    print(f"measured here: per-step SD {residuals.std():.1%} (log), round-to-round SD {round_sd:.1%} (log)")
+    noise = measured_noise(pd.concat(frames))
+    print(f"measured here: {describe(noise)}")
     print(f"simulated races ({args.sims} each, min_rounds 3, max_rounds {args.max_rounds}, tolerance 2%):")
-    simulations(residuals, round_sd, args.sims, args.max_rounds)
+    simulations(noise, args.sims, args.max_rounds)
     print(f"rows: {out}")
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -70,6 +74,27 @@ def test_resolved_means_every_cell_told_apart_from_the_leader_or_within_the_targ
     assert resolved(close, rule)  # within ±5% of each other: equal for this target
     unclear = pd.DataFrame(round_rows(rng, {"a": 0.0, "b": 0.03}, range(3), 0.08))
     assert not resolved(unclear, rule)
+
+
+def test_the_race_check_splits_its_noise_into_shared_own_and_step_levels():
+    """benchmarks/race_check.py simulates from measured noise: a round's shared level (cancels when paired),
+    each measurement's own level beyond its steps, and the steps; planted sizes come back from rows."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "race_check.py"
+    module_spec = importlib.util.spec_from_file_location("race_check", path)
+    race_check = importlib.util.module_from_spec(module_spec)
+    sys.modules["race_check"] = race_check  # its dataclass looks its module up there
+    module_spec.loader.exec_module(race_check)
+    rng, rows = np.random.default_rng(7), []
+    for r in range(40):
+        shared = rng.normal(0, 0.10)
+        for cell in "abc":
+            times = 50.0 * np.exp(shared + rng.normal(0, 0.05) + rng.normal(0, 0.02, 40))
+            rows.append({"cell_id": cell, "group_id": "g", "round": r, "mode": "ddp", "status": "ok"})
+            rows[-1] |= {"injected_slowdown": None, "step_times_ms": times, "step_ms": float(np.median(times))}
+    noise = race_check.measured_noise(pd.DataFrame(rows))
+    assert noise.steps_per == 40 and abs(noise.steps.std() - 0.02) < 0.003
+    assert 0.07 < noise.round_sd < 0.13  # the unpaired spread would be ~0.11 in cell_sd
+    assert 0.035 < noise.cell_sd < 0.065
 
 
 def spec(**kw) -> SweepSpec:

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from trainers.config import StepConfig
 from trainers.errors import ConfigError
@@ -136,11 +137,29 @@ def fingerprint(model: nn.Module) -> str:
     return hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:12]
 
 
+class _NoInit(TorchFunctionMode):
+    """On the meta device, in-place ops (the initialisers: `normal_`, `zero_`, `nn.init.*`) return their tensor
+    unchanged: there are no values to fill, and a meta `normal_` otherwise imports torch._dynamo (1-2 s a
+    process, the planning step's largest cost). Ops that change the tensor's own shape run as usual."""
+
+    RESHAPING = frozenset({"resize_", "resize_as_", "unsqueeze_", "squeeze_", "t_", "transpose_", "as_strided_"})
+    RESHAPING |= {"swapdims_", "swapaxes_", "set_"}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        target = args[0] if args else kwargs.get("tensor")  # nn.init passes its tensor by keyword
+        in_place = name.endswith("_") and not name.endswith("__") and name not in self.RESHAPING
+        if in_place and isinstance(target, torch.Tensor) and target.is_meta:
+            return target
+        return func(*args, **kwargs)
+
+
 def planned_fingerprint(cfg: StepConfig) -> str:
     """The fingerprint of `cfg`'s workload, computed where the sweep is planned: on the meta device (no
     memory, no init) where the factory allows it, else on CPU."""
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), _NoInit():
             return fingerprint(create(cfg).model)
     except ConfigError:
         raise
