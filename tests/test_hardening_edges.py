@@ -331,3 +331,27 @@ def test_a_dry_run_of_the_scaling_spec_never_touches_its_store():
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "measurements in" in proc.stdout and "error" not in proc.stderr.lower()
+
+
+def test_ending_leftover_processes_counts_zombies_as_gone_and_kills_what_ignores_sigterm():
+    """After Ray's shutdown its dashboard processes exit on SIGTERM at once but stay zombies until their parent
+    reaps them: end_processes must not wait its grace out for them (psutil.wait_procs did); one that ignores
+    SIGTERM is killed after the grace."""
+    import psutil
+
+    code = "import subprocess, time; p = subprocess.Popen(['sleep', '60']); print(p.pid, flush=True); time.sleep(60)"
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)  # never reaps
+    ignores = "import signal, time; signal.signal(15, signal.SIG_IGN); print(1, flush=True); time.sleep(60)"
+    stays = subprocess.Popen([sys.executable, "-c", ignores], stdout=subprocess.PIPE, text=True)
+    try:
+        child = psutil.Process(int(parent.stdout.readline()))
+        start = time.monotonic()
+        assert machine.end_processes([child], grace_s=30) == [child.pid]
+        assert time.monotonic() - start < 10  # not the 30 s grace
+        assert child.status() == psutil.STATUS_ZOMBIE  # it did exit; only its parent can reap it
+        stays.stdout.readline()  # its handler is installed
+        assert machine.end_processes([psutil.Process(stays.pid)], grace_s=0.5) == [stays.pid]
+        assert stays.wait(timeout=5) == -9  # SIGKILL after the grace
+    finally:
+        parent.kill()
+        stays.kill()
