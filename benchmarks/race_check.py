@@ -25,6 +25,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import NormalDist
 
 import numpy as np
 import pandas as pd
@@ -33,7 +34,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from results.racing import Rule, eliminated  # noqa: E402
+from results.racing import ALPHA, Rule, eliminated  # noqa: E402
 from results.store import load  # noqa: E402
 
 BUCKETS = [0.05, 0.25, 1.0, 25.0]
@@ -178,6 +179,20 @@ def simulations(noise: Noise, sims: int, max_rounds: int) -> None:
             print(line)
 
 
+def joint_boundary(rule: Rule, cells: int = 4, paths: int = 400_000) -> tuple[float, float]:
+    """(exact, Bonferroni) z of the race's bound: the 95% point of the largest standardized difference of any
+    ordered pair of `cells` equal cells at any of the rule's looks (normal, known variance, looks correlated as
+    nested means are), against the Bonferroni z the rule uses (results.racing.Rule.level)."""
+    rng = np.random.default_rng(0)
+    looks = np.array(rule.looks_at)
+    steps = np.diff(np.concatenate([[0], looks]))
+    sums = np.cumsum(rng.normal(size=(paths, len(looks), cells)) * np.sqrt(steps)[None, :, None], axis=1)
+    means = sums / np.sqrt(looks)[None, :, None]  # each cell's mean after each look, in units of its SD
+    widest = ((means.max(axis=2) - means.min(axis=2)) / np.sqrt(2)).max(axis=1)
+    bonferroni = NormalDist().inv_cdf(1 - rule.level(cells * (cells - 1)))
+    return float(np.quantile(widest, 1 - ALPHA)), bonferroni
+
+
 def describe(noise: Noise) -> str:
     return (
         f"per-step SD {noise.steps.std():.1%}, {noise.steps_per} steps a measurement; per cell and round "
@@ -191,6 +206,9 @@ def main() -> None:
     parser.add_argument("--sims", type=int, default=200)
     parser.add_argument("--max-rounds", type=int, default=24)
     parser.add_argument("--timed-steps", type=int, default=SPEC["timed_steps"], help="timed steps per measurement")
+    parser.add_argument(
+        "--boundary", action="store_true", help="only the exact joint bound over looks and pairs vs Bonferroni"
+    )
     parser.add_argument("--rows", default=None, help="a results root holding race-* sweeps (skips the real runs)")
     parser.add_argument(
         "--noise",
@@ -199,6 +217,13 @@ def main() -> None:
         "level, the level a round's cells share",
     )
     args = parser.parse_args()
+    if args.boundary:
+        exact, bonferroni = joint_boundary(Rule(race=True, min_rounds=3, max_rounds=args.max_rounds))
+        print(
+            f"4 equal cells, looks {Rule(min_rounds=3, max_rounds=args.max_rounds).looks_at}: exact joint z {exact:.3f}"
+        )
+        print(f"Bonferroni over looks x ordered pairs (the rule's): z {bonferroni:.3f}")
+        return
     if args.noise:
         step_sd, cell_sd, *shared = (float(v) for v in args.noise.split(","))
         steps = np.random.default_rng(0).normal(0, step_sd, 100_000)

@@ -95,6 +95,8 @@ def test_the_race_check_splits_its_noise_into_shared_own_and_step_levels():
     assert noise.steps_per == 40 and abs(noise.steps.std() - 0.02) < 0.003
     assert 0.07 < noise.round_sd < 0.13  # the unpaired spread would be ~0.11 in cell_sd
     assert 0.035 < noise.cell_sd < 0.065
+    exact, bonferroni = race_check.joint_boundary(Rule(race=True, min_rounds=3, max_rounds=24), paths=20_000)
+    assert abs(bonferroni - 3.197) < 0.001 and 2.9 < exact < bonferroni  # Bonferroni is safe, and close
 
 
 def spec(**kw) -> SweepSpec:
