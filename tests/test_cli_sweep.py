@@ -22,6 +22,8 @@ SMOKE = ROOT / "sweeps" / "specs" / "smoke.yaml"
 
 
 def ddpsweep(*args: str, **kw) -> subprocess.Popen:
+    """`ddpsweep ARGS` as a user starts it at a terminal: in its own session, with Ctrl-C's default action (a
+    suite started in the background by a non-interactive shell ignores SIGINT, and the CLI would inherit it)."""
     return subprocess.Popen(
         [sys.executable, "-m", "service.cli", *args],
         cwd=ROOT,
@@ -29,8 +31,13 @@ def ddpsweep(*args: str, **kw) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=_default_sigint,
         **kw,
     )
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.ray
