@@ -116,9 +116,9 @@ def measured_noise(rows: pd.DataFrame) -> Noise:
     steps = [np.log(np.asarray(t) / np.median(t)) for t in ok["step_times_ms"]]
     logs = np.log(ok["step_ms"])
     cell = logs - logs.groupby(ok["cell_id"]).transform("mean")
-    common = cell.groupby(ok["group_id"].astype(str) + "/" + ok["round"].astype(str)).transform("mean")
-    n_cells = ok["cell_id"].nunique()
-    n_rounds = common.groupby(ok["group_id"].astype(str) + "/" + ok["round"].astype(str)).ngroups
+    round_key = ok["group_id"].astype(str) + "/" + ok["round"].astype(str)
+    common = cell.groupby(round_key).transform("mean")
+    n_cells, n_rounds = ok["cell_id"].nunique(), round_key.nunique()
     resid_var = float(((cell - common) ** 2).sum() / max(len(ok) - n_cells - n_rounds + 1, 1))  # two-way df
     rng = np.random.default_rng(0)
     sampling = np.mean([np.var([np.median(rng.choice(s, len(s))) for _ in range(200)]) for s in steps])
@@ -218,10 +218,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.boundary:
-        exact, bonferroni = joint_boundary(Rule(race=True, min_rounds=3, max_rounds=args.max_rounds))
-        print(
-            f"4 equal cells, looks {Rule(min_rounds=3, max_rounds=args.max_rounds).looks_at}: exact joint z {exact:.3f}"
-        )
+        rule = Rule(race=True, min_rounds=3, max_rounds=args.max_rounds)
+        exact, bonferroni = joint_boundary(rule)
+        print(f"4 equal cells, looks {rule.looks_at}: exact joint z {exact:.3f}")
         print(f"Bonferroni over looks x ordered pairs (the rule's): z {bonferroni:.3f}")
         return
     if args.noise:

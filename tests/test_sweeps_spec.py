@@ -21,7 +21,7 @@ from trainers.config import StepConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
-SPECS = Path(__file__).resolve().parent.parent / "sweeps" / "specs"
+SPECS = ROOT / "sweeps" / "specs"
 
 
 @pytest.mark.parametrize(

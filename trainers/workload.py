@@ -142,8 +142,10 @@ class _NoInit(TorchFunctionMode):
     unchanged: there are no values to fill, and a meta `normal_` otherwise imports torch._dynamo (1-2 s a
     process, the planning step's largest cost). Ops that change the tensor's own shape run as usual."""
 
-    RESHAPING = frozenset({"resize_", "resize_as_", "unsqueeze_", "squeeze_", "t_", "transpose_", "as_strided_"})
-    RESHAPING |= {"swapdims_", "swapaxes_", "set_"}
+    RESHAPING = frozenset(
+        {"resize_", "resize_as_", "unsqueeze_", "squeeze_", "t_", "transpose_", "swapdims_", "swapaxes_"}
+        | {"as_strided_", "set_"}
+    )
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
