@@ -8,7 +8,9 @@ per measurement) and the seed's way (one torchrun launch of trainers.bench per m
 Prints: whole-sweep wall time of each path and sweep / group; per group its start (launch -> workers
 ready for the first cell) with its parts, its measuring time and the marginal overhead per measurement;
 per cell, step_ms under sweep / group isolation with the 95% interval of the ratio (results.compare: the
-two sweeps are resampled independently), for each pair of runs.
+two sweeps are resampled independently), for each pair of runs; and the same count for sweep-1 / sweep-2 and
+group-1 / group-2, the A/A pairs of the run, which say how often the per-cell rule flags a cell when nothing
+differs but the time between two sweeps.
 """
 
 from __future__ import annotations
@@ -121,6 +123,16 @@ def torchrun_loop(cells: list[Cell], repeats: int, threads: int, device: str) ->
     return time.perf_counter() - t0, step_ms
 
 
+def excluding_one(rows: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
+    """Print step_ms b / a per cell: the ratios' range and how many 95% intervals exclude 1."""
+    out = compare(rows, a, b)
+    print(
+        f"step_ms {b} / {a} per cell: ratios {out['ratio'].min():.3f}..{out['ratio'].max():.3f}, "
+        f"intervals excluding 1: {int(out['significant'].sum())} of {len(out)}"
+    )
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--spec", default=str(ROOT / "sweeps/specs/smoke.yaml"))
@@ -146,13 +158,12 @@ def main() -> None:
         print(f"wall, sweep-{k} / group-{k}: {walls[f'sweep-{k}'] / walls[f'group-{k}']:.2f}")
     rows = pd.concat(frames, ignore_index=True)
     for k in (1, 2):
-        out = compare(rows, f"group-{k}", f"sweep-{k}")
-        print(
-            f"step_ms sweep-{k} / group-{k} per cell: ratios {out['ratio'].min():.3f}..{out['ratio'].max():.3f}, "
-            f"intervals excluding 1: {int(out['significant'].sum())} of {len(out)}"
-        )
+        out = excluding_one(rows, f"group-{k}", f"sweep-{k}")
         for b in out[out["mode"] == "single"].itertuples():  # rank 0 of the 2-rank group vs a 1-rank group
             print(f"  baseline gas={b.gas}: {b.ratio:.3f} [{b.ratio_ci_lo:.3f}, {b.ratio_ci_hi:.3f}] (idle rank 1)")
+    print("the same isolation twice (A/A: what the per-cell rule flags when nothing differs):")
+    for a, b in (("sweep-1", "sweep-2"), ("group-1", "group-2")):
+        excluding_one(rows, a, b)
     if args.controls:
         device = "cuda" if spec.use_gpu is True else "cpu"
         t_wall, _ = torchrun_loop(expand(spec), spec.repeats, max(1, int(spec.cpus_per_worker)), device)

@@ -291,7 +291,13 @@ def execute(
     progress: ProgressFn = lambda row: None,
     notice: Callable[[str], None] = log.warning,
 ) -> SweepOutcome:
-    """Run the plan's pending pairs on Ray; every row lands in the store as its trial ends."""
+    """Run the plan's pending pairs on Ray; every row lands in the store as its trial ends. A resumed sweep with
+    nothing left to measure starts no Ray: it is compacted (if a stop left row files) and done."""
+    if not plan.groups():
+        plan.store.ensure_writable()
+        with claimed(plan):
+            _compact(plan)
+        return SweepOutcome(plan.sweep_id, plan.cluster, plan.store.uri)
     if address or os.environ.get("RAY_ADDRESS") or ray.is_initialized():
         plan.store.ensure_writable()
         return _execute(plan, address, verbose, progress)
@@ -328,15 +334,14 @@ def _execute(plan: SweepPlan, address: str | None, verbose: bool, progress: Prog
                 placement=opts.placement,
             )
             plan.store.write_manifest(plan.cluster, plan.sweep_id, _manifest(plan, opts))
-            if plan.groups():
-                writer = RowWriter(plan.store, opts, progress)
-                try:
-                    _tuner(plan, opts, writer, verbose).fit()
-                except Exception:
-                    if writer.full is not None:
-                        raise writer.full from None  # not Tune's wrapping of it (137 lines before)
-                    raise
-                outcome.rows, outcome.calibrations = writer.rows, writer.calibrations
+            writer = RowWriter(plan.store, opts, progress)
+            try:
+                _tuner(plan, opts, writer, verbose).fit()
+            except Exception:
+                if writer.full is not None:
+                    raise writer.full from None  # not Tune's wrapping of it (137 lines before)
+                raise
+            outcome.rows, outcome.calibrations = writer.rows, writer.calibrations
             _compact(plan)  # under the claim: a --resume of this id cannot add rows meanwhile
     finally:
         if plan.store.is_local:

@@ -287,6 +287,25 @@ def test_stale_bookkeeping_folders_of_dead_drivers_are_removed(tmp_path):
     assert live.exists() and not stale.exists()
 
 
+def test_resuming_a_finished_sweep_starts_no_ray_and_compacts_what_a_stop_left(tmp_path, monkeypatch):
+    import ray
+
+    from tests.seed_rows import row
+
+    spec = parse_spec(smoke_with("gas", "gas: [1]"))
+    plan = runner.plan_sweep(spec, results=str(tmp_path), sweep_id="done")
+    plan.store.write_manifest("local", "done", {"cells": [c.cell_id for c in plan.cells]})
+    for cell, rnd in plan.todo:  # every pair measured; the driver stopped before it compacted
+        plan.store.write_row(row("ddp", 2, 100.0, cluster="local", sweep="done", cell_id=cell.cell_id, repeat=rnd))
+    assert len(plan.store.files()) == len(plan.todo) == 12
+    resumed = runner.plan_sweep(spec, results=str(tmp_path), resume="done")
+    assert resumed.todo == [] and not ray.is_initialized()
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("a sweep with nothing to measure started Ray"))
+    outcome = runner.execute(resumed)
+    assert outcome.rows == [] and outcome.sweep_id == "done"
+    assert [Path(p).name for p in plan.store.files()] == ["compacted.parquet"] and len(load(str(tmp_path))) == 12
+
+
 def test_the_embedded_ray_starts_its_own_beside_a_ray_start_cluster():
     from tests.ray_head import ray_head
 
