@@ -70,6 +70,7 @@ def group_figures(rows: pd.DataFrame) -> pd.DataFrame:
                 "group_start_s": start,
                 "work_s": work,
                 "marginal_s": (wall - start - work) / len(g),
+                "parts": ", ".join(f"{k} {v:.1f}" for k, v in json.loads(g["group_setup_parts"].iloc[0]).items()),
             }
         )
     return pd.DataFrame(out)
@@ -153,6 +154,7 @@ def main() -> None:
                 print(
                     f"  group {f.group_id:<10} {f.n:3d} measurements: wall {f.wall_s:5.1f} s, start "
                     f"{f.group_start_s:4.1f} s, measuring {f.work_s:5.1f} s, marginal {f.marginal_s:.3f} s each"
+                    f"\n    start's parts (s): {f.parts}"
                 )
     for k in (1, 2):
         print(f"wall, sweep-{k} / group-{k}: {walls[f'sweep-{k}'] / walls[f'group-{k}']:.2f}")

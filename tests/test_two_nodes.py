@@ -9,6 +9,7 @@ configured rate, and the scaling report flags the knee at 2x1. Skipped where nam
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -79,7 +80,9 @@ def test_the_cross_node_cell_is_slower_because_of_the_link(two_nodes, tmp_path):
     ddp = ok[ok["mode"] == "ddp"]
     cross, packed = ddp[ddp["num_nodes"] == 2], ddp[(ddp["num_nodes"] == 1) & (ddp["world_size"] == 2)]
     assert cross["step_ms"].min() > packed["step_ms"].max()  # every run across the link slower than every run within
-    assert set(cross["workers_per_node_observed"]) == {1}
+    assert set(cross["workers_per_node_observed"]) == {1} and set(cross["placement"]) == {"STRICT_SPREAD"}
+    assert all(len(json.loads(n)) == 2 for n in cross["network"])  # one fingerprint per node
+    assert cross["replicas_in_sync"].all()
     assert all(sorted(r) == ["169.254.77.1", "169.254.77.2"] for r in cross["rank_nodes"])  # one rank per node
 
     table = scaling(rows, load_calibration(results)).set_index("topology")
