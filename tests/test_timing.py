@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 
 import pandas as pd
@@ -17,7 +18,7 @@ from tests.seed_rows import row
 from trainers.config import StepConfig
 from trainers.errors import ConfigError
 from trainers.step import run_cell
-from trainers.timing import time_loop, time_steps
+from trainers.timing import slowed, time_loop, time_steps
 
 CPU = torch.device("cpu")
 BASE = StepConfig(model="tiny", micro_batch=4, seq_len=32, warmup_steps=1, timed_steps=4)
@@ -29,6 +30,31 @@ def sleeper(ms: float, calls: list[int]):
         time.sleep(ms / 1e3)
 
     return step
+
+
+def test_a_planted_slowdown_stays_its_fraction_when_ranks_wait_for_each_other():
+    """Two threads meet at a barrier in every step, as DDP ranks meet at the all-reduce; one starts 20 ms late.
+    A sleep of a fraction of a step's own time compounds (the waiting rank sleeps for its peer's sleep: the
+    skew grows by the fraction each step, 20 -> 60 -> 180 -> 540 ms at +300%); of the fastest step, it holds."""
+    fraction, work, steps = 3.0, 0.02, 5  # s
+    barrier = threading.Barrier(2)
+    totals: dict[int, list[float]] = {0: [], 1: []}
+
+    def rank(r: int) -> None:
+        step = slowed(lambda: (time.sleep(work), barrier.wait()), fraction, lambda: None)
+        time.sleep(0.02 * r)
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            step()
+            totals[r].append(time.perf_counter() - t0)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in (0, 1):
+        assert max(totals[r][-2:]) < 2 * (1 + fraction) * work, totals  # (1 + fraction) x work, not 10x that
 
 
 def test_loop_is_one_mean_over_every_call_and_sync_one_time_per_call():

@@ -3,6 +3,7 @@ planted slowdown. Pure timing: no model, no process group."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -63,16 +64,21 @@ def timing_as_run(cfg: StepConfig, device: torch.device) -> tuple[str, str | Non
 
 
 def slowed(step: Hook, fraction: float, sync: Hook) -> Hook:
-    """Benchmark-only: `step`, then a sleep of `fraction` of its own time inside the timed region, so that a
-    known difference can be planted in a real sweep (racing's validation). It synchronizes after each step, so
-    under `events` and `loop` timing a planted step is no longer asynchronous: plant slowdowns under `sync`."""
+    """Benchmark-only: `step`, then a sleep of `fraction` of the fastest step so far inside the timed region,
+    so that a known difference can be planted in a real sweep (racing's validation). The fastest, not this
+    step's own time: under DDP a rank's step includes waiting out its peers' sleeps, and a fraction of that
+    compounds (at +900% a 2-rank cell's steps grew 0.4 s -> 14.6 s within 3 steps). It synchronizes after
+    each step, so under `events` and `loop` timing a planted step is no longer asynchronous: plant
+    slowdowns under `sync`."""
     if not fraction:
         return step
+    fastest = [math.inf]  # s
 
     def run() -> None:
         t0 = time.perf_counter()
         step()
         sync()
-        time.sleep(fraction * (time.perf_counter() - t0))
+        fastest[0] = min(fastest[0], time.perf_counter() - t0)
+        time.sleep(fraction * fastest[0])
 
     return run
