@@ -26,6 +26,7 @@ class TrialOptions:
     placement: str  # auto | a Ray strategy
     collective_timeout_s: float
     cell_timeout_s: float
+    group_start_timeout_s: float
     env: dict
     storage_path: str
 

@@ -252,6 +252,7 @@ def resolve_options(plan: SweepPlan, res: preflight.ClusterResources, storage_pa
         placement=spec.placement,
         collective_timeout_s=spec.collective_timeout_s,
         cell_timeout_s=spec.cell_timeout_s,
+        group_start_timeout_s=spec.group_start_timeout_s,
         env={k: str(v) for k, v in spec.env.items()} | planted_slowdown(),
         storage_path=storage_path,
     )

@@ -107,7 +107,10 @@ class SweepSpec:
     collective_timeout_s: float = 300.0
     """Process-group timeout: a hung collective fails after this long."""
     cell_timeout_s: float = 900.0
-    """A cell running longer than this becomes an error row."""
+    """A cell running longer than this becomes an error row (counted from the cell's own start)."""
+    group_start_timeout_s: float = 600.0
+    """A worker group not ready after this long (Ray Train's workers, process groups, model, the unrecorded
+    warm-up cell, calibration) fails, and its cells are re-planned once."""
     max_concurrent_trials: int = 1
     """Cells measured at once (1: cells never contend for the same links)."""
     repeats: int | str = 1
@@ -231,6 +234,7 @@ SCALARS = {
     "max_cell_s": "num>0",
     "collective_timeout_s": "num>0",
     "cell_timeout_s": "num>0",
+    "group_start_timeout_s": "num>0",
     "max_concurrent_trials": "int>=1",
     "max_rounds": "int>=1",
     "min_rounds": "int>=1",
@@ -262,6 +266,7 @@ RANGES = {
     "max_cell_s": (0.001, 86_400),
     "collective_timeout_s": (1, 86_400),
     "cell_timeout_s": (1, 7 * 86_400),
+    "group_start_timeout_s": (1, 86_400),
     "max_concurrent_trials": (1, 1_024),
     "max_rounds": (1, 1_000),
     "min_rounds": (1, 1_000),

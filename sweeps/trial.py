@@ -8,7 +8,8 @@ must live in this trial's session while the fit runs in the cancellable task, an
 is a barrier across ranks; a queue needs neither, and rows still reach the store as each cell ends.
 
 Every slot of a group ends as exactly one row: measured, failed, or — when the group dies twice (a hang
-past cell_timeout_s, a lost worker) — an error row saying why it was not measured.
+past cell_timeout_s or a start past group_start_timeout_s, a lost worker) — an error row saying why it
+was not measured.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ class GroupRun:
         self.ctx = row_context(group, opts, now())
         self.t0, self.t0_wall = time.perf_counter(), time.time()
         self.running: tuple[Slot, datetime, float] | None = None
-        self.deadline = self.t0 + opts.cell_timeout_s  # the worker group's start counts toward the first cell
+        self.deadline = self.t0 + opts.group_start_timeout_s  # until the group says it is ready
+        self.ready = False
         self.outbox = Queue(actor_options={"num_cpus": 0})
         self.inbox = None if planner is None else Queue(actor_options={"num_cpus": 0})
         for keys in planner.first_rounds() if planner else []:
@@ -85,6 +87,7 @@ class GroupRun:
             return [{"calibration": calibration_rows(msg, self.ctx, self.group.first)}]
         if msg["kind"] == "setup":
             self.ctx = replace(self.ctx, group_setup_parts=setup_parts(self.t0_wall, msg["marks"]))
+            self.ready, self.deadline = True, time.perf_counter() + self.opts.cell_timeout_s
             return []
         slot = self.slots[tuple(msg["key"])]
         t = time.perf_counter()
@@ -119,11 +122,16 @@ class GroupRun:
                     return _fit_error(self.ref)
                 if time.perf_counter() > self.deadline:
                     ray.cancel(self.ref, force=True)
-                    return f"cell exceeded cell_timeout_s={self.opts.cell_timeout_s:g} s"
+                    return self._timed_out()
         finally:
             ray.kill(self.outbox.actor)
             if self.inbox is not None:
                 ray.kill(self.inbox.actor)
+
+    def _timed_out(self) -> str:
+        if not self.ready:
+            return f"worker group not ready after group_start_timeout_s={self.opts.group_start_timeout_s:g} s"
+        return f"cell exceeded cell_timeout_s={self.opts.cell_timeout_s:g} s"
 
     def failed_row(self, message: str) -> dict | None:
         """The error row of the cell that was running when the group failed (if one was)."""

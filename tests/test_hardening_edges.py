@@ -175,6 +175,7 @@ def test_one_error_tree_whose_classes_carry_their_http_status():
         ("bucket_cap_mb", "bucket_cap_mb: [1e-300]", "bucket_cap_mb"),
         ("cell_timeout_s", "cell_timeout_s: 1.0e+308", "cell_timeout_s"),
         ("collective_timeout_s", "collective_timeout_s: 0.5", "collective_timeout_s"),
+        ("group_start_timeout_s", "group_start_timeout_s: 0", "group_start_timeout_s"),
         ("env", 'env: {"NCCL_A=B": "1"}', "env.NCCL_A=B"),
     ],
 )
