@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import time
 
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.util.queue import Queue
 
+from sweeps.controller import start_callbacks
 from sweeps.grid import Group
 from sweeps.options import TrialOptions, placement_for
 from sweeps.worker import train_fn_per_worker
@@ -40,6 +42,7 @@ def build_trainer(group: Group, opts: TrialOptions, outbox: Queue, inbox: Queue 
             storage_path=opts.storage_path,
             failure_config=FailureConfig(max_failures=0, controller_failure_limit=0),
             worker_runtime_env={"env_vars": env} if env else None,
+            callbacks=start_callbacks(outbox),  # the group's start in parts (sweeps.startmarks)
         ),
     )
 
@@ -48,4 +51,5 @@ def fit_group(group: Group, opts: TrialOptions, outbox: Queue, inbox: Queue | No
     """Run the group on a fresh worker group; rows travel through `outbox` (rounds through `inbox` when the
     trial decides them), nothing is returned."""
     os.environ.update(TRAIN_ENV)
+    outbox.put({"kind": "start_marks", "marks": {"fit_task": time.time()}})
     build_trainer(group, opts, outbox, inbox).fit()

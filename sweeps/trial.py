@@ -31,6 +31,7 @@ from sweeps.grid import Cell, Group, Slot
 from sweeps.options import TrialOptions, placement_for
 from sweeps.rounds import RoundPlanner
 from sweeps.rows import RowContext, build_row, now
+from sweeps.startmarks import setup_parts
 
 POLL_S = 0.1  # how often the trial looks at the outbox and the fit (never inside a measurement)
 
@@ -73,6 +74,7 @@ class GroupRun:
         self.running: tuple[Slot, datetime, float] | None = None
         self.deadline = self.t0 + opts.group_start_timeout_s  # until the group says it is ready
         self.ready = False
+        self.start_marks: dict[str, float] = {}  # the fit task's and the controller's (sweeps.startmarks)
         self.outbox = Queue(actor_options={"num_cpus": 0})
         self.inbox = None if planner is None else Queue(actor_options={"num_cpus": 0})
         for keys in planner.first_rounds() if planner else []:
@@ -85,8 +87,12 @@ class GroupRun:
     def _on_message(self, msg: dict) -> list[dict]:
         if msg["kind"] == "calibration":
             return [{"calibration": calibration_rows(msg, self.ctx, self.group.first)}]
+        if msg["kind"] == "start_marks":
+            self.start_marks |= msg["marks"]
+            return []
         if msg["kind"] == "setup":
-            self.ctx = replace(self.ctx, group_setup_parts=setup_parts(self.t0_wall, msg["marks"]))
+            marks = self.start_marks | msg["marks"]
+            self.ctx = replace(self.ctx, group_setup_parts=setup_parts(self.t0_wall, marks))
             self.ready, self.deadline = True, time.perf_counter() + self.opts.cell_timeout_s
             return []
         slot = self.slots[tuple(msg["key"])]
@@ -139,18 +145,6 @@ class GroupRun:
             return None
         slot, started, t = self.running
         return build_row(slot, self.ctx, started=started, wall_s=time.perf_counter() - t, error=message)
-
-
-def setup_parts(launched: float, marks: dict[str, float]) -> str:
-    """The group's start in parts (s, JSON): `workers_running` (TorchTrainer launched -> the worker function
-    runs: Ray Train's controller, placement group and worker processes), `process_groups` (the ranks'
-    placement gathered, subgroups made), `model` (fingerprint and template model), `warm_up` (the unrecorded
-    first cell), `calibration` (where asked)."""
-    parts, previous = {}, launched
-    for name, t in marks.items():
-        parts[name] = round(t - previous, 3)
-        previous = t
-    return json.dumps(parts)
 
 
 def _fit_error(ref: ray.ObjectRef) -> str | None:

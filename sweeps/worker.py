@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
+import psutil
 import ray
 import ray.train
 import ray.train.torch
@@ -43,6 +44,7 @@ def _placement() -> list[dict]:
         "node": ray.get_runtime_context().get_node_id(),
         "ip": ip,
         "network": fingerprint.network(ip),
+        "process_started": psutil.Process().create_time(),  # s since the epoch (sweeps.startmarks)
     }
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
@@ -182,6 +184,7 @@ def train_fn_per_worker(config: dict) -> None:
     placement = _placement()
     layout = Layout.build(group, placement) if group.isolation == "sweep" else None
     marks["process_groups"] = time.time()
+    marks["placement_group"] = min(p["process_started"] for p in placement)  # the first worker process
     info = {"fingerprint": fingerprint.collect(device)} | placement_info(placement) if rank0 else {}
     template = build_model(group.first.step, device)  # built once; every cell starts from a copy of it
     marks["model"] = time.time()
