@@ -135,7 +135,7 @@ def collect(device: torch.device) -> dict:
         else "",
         "cuda_version": torch.version.cuda or "",
         "nccl_version": nccl,
-        "torch_version": torch.__version__,
+        "torch_version": str(torch.__version__),  # a plain str: TorchVersion would import torch where unpickled
         "ray_version": _version("ray"),
         "python_version": platform.python_version(),
         "ddpsweep_version": _version("ddpsweep"),
