@@ -220,4 +220,4 @@ def test_one_worker_group_measures_every_placement_on_its_own_ranks(fault_file, 
     parts = json.loads(rows[0]["group_setup_parts"])  # the group's start in parts, each measured
     assert list(parts) == [p for p in ORDER if p != "calibration"] and min(parts.values()) >= 0
     assert parts["controller"] > 0 and parts["worker_actors"] > 0 and parts["train_context"] > 0  # Ray's, marked
-    assert abs(sum(parts.values()) - rows[0]["group_setup_s"]) < 0.5  # the parts add up to the group's start
+    assert sum(parts.values()) <= rows[0]["group_setup_s"] + 0.5  # the rest: the first round's control probe
