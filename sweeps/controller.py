@@ -8,6 +8,7 @@ Ray), no callback is added and the rows' start parts lack the controller's marks
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 try:
@@ -35,7 +36,8 @@ if ControllerCallback is not None:
 
         def after_worker_group_start(self, worker_group) -> None:
             self.marks["train_context"] = time.time()  # after Ray's own callbacks: the process group is made
-            self.outbox.put({"kind": "start_marks", "marks": dict(self.marks)})
+            with contextlib.suppress(Exception):  # the marks are a record: losing them never fails the group
+                self.outbox.put({"kind": "start_marks", "marks": dict(self.marks)})
 
     def start_callbacks(outbox) -> list:
         """The callbacks a group's TorchTrainer runs in its controller."""
