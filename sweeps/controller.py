@@ -39,11 +39,7 @@ if ControllerCallback is not None:
             with contextlib.suppress(Exception):  # the marks are a record: losing them never fails the group
                 self.outbox.put({"kind": "start_marks", "marks": dict(self.marks)})
 
-    def start_callbacks(outbox) -> list:
-        """The callbacks a group's TorchTrainer runs in its controller."""
-        return [StartMarks(outbox)]
 
-else:  # pragma: no cover
-
-    def start_callbacks(outbox) -> list:
-        return []
+def start_callbacks(outbox) -> list:
+    """The callbacks a group's TorchTrainer runs in its controller (none where Ray lacks the interface)."""
+    return [StartMarks(outbox)] if ControllerCallback is not None else []
