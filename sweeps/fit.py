@@ -1,4 +1,7 @@
-"""Runs in the fit task's process: one TorchTrainer for one group (see sweeps/trial.py for why a task)."""
+"""Runs in the fit task's process: one TorchTrainer for one group (see sweeps/trial.py for why a task).
+
+The trainer is Ray Train's `DataParallelTrainer` with `sweeps.backend.TorchBackendConfig`, which is what
+`TorchTrainer` is, except that neither this process nor the controller imports torch: only the ranks do."""
 
 from __future__ import annotations
 
@@ -6,13 +9,13 @@ import os
 import time
 
 from ray.train import FailureConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchConfig, TorchTrainer
+from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from ray.util.queue import Queue
 
+from sweeps.backend import TorchBackendConfig
 from sweeps.controller import start_callbacks
 from sweeps.grid import Group
 from sweeps.options import TrialOptions, placement_for
-from sweeps.worker import train_fn_per_worker
 
 # Propagated by Ray Train from its driver (this task) to the controller and workers.
 TRAIN_ENV = {
@@ -22,12 +25,19 @@ TRAIN_ENV = {
 }
 
 
-def build_trainer(group: Group, opts: TrialOptions, outbox: Queue, inbox: Queue | None = None) -> TorchTrainer:
+def train_fn_per_worker(config: dict) -> None:
+    """Runs on every rank; imports the measuring code (torch) there, never in the fit task or the controller."""
+    from sweeps.worker import train_fn_per_worker as measure_group
+
+    measure_group(config)
+
+
+def build_trainer(group: Group, opts: TrialOptions, outbox: Queue, inbox: Queue | None = None) -> DataParallelTrainer:
     cell = group.first
     resources = {"CPU": opts.cpus_per_worker} | ({"GPU": 1} if opts.use_gpu else {})
     threads = max(1, int(opts.cpus_per_worker))
     env = dict(opts.env) | cell.env_vars  # the spec's env, then this group's env_grid combination
-    return TorchTrainer(
+    return DataParallelTrainer(
         train_fn_per_worker,
         train_loop_config={"group": group.to_dict(), "threads": threads, "outbox": outbox, "inbox": inbox},
         scaling_config=ScalingConfig(
@@ -36,7 +46,7 @@ def build_trainer(group: Group, opts: TrialOptions, outbox: Queue, inbox: Queue 
             resources_per_worker=resources,
             placement_strategy=placement_for(cell, opts.placement),
         ),
-        torch_config=TorchConfig(backend=opts.backend, timeout_s=int(opts.collective_timeout_s)),
+        backend_config=TorchBackendConfig(backend=opts.backend, timeout_s=int(opts.collective_timeout_s)),
         run_config=RunConfig(
             name=f"{opts.sweep_id}-{group.group_id}",
             storage_path=opts.storage_path,

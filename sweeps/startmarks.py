@@ -2,7 +2,7 @@
 
 Stages, in order, each marked when it is reached (and by whom):
 
-- `fit_task`: the fit task has imported Ray Train and torch and calls `TorchTrainer.fit()` (the fit task)
+- `fit_task`: the fit task has imported Ray Train (not torch: `sweeps.backend`) and calls `fit()` (the fit task)
 - `controller`: Ray Train's controller actor is up and asks for its worker group (the controller)
 - `placement_group`: the placement group is ready and the first worker process is created (the workers' start)
 - `worker_actors`: every worker actor is up: processes started, Ray Train's worker imported (the controller)

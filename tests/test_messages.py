@@ -27,3 +27,24 @@ def test_a_done_message_unpickles_without_torch():
     out = subprocess.run([sys.executable, "-c", check], input=pickle.dumps(message), capture_output=True, check=True)
     assert out.stdout.decode().strip() == "False", out.stderr.decode()[-2000:]
     assert message["torch_version"] == torch.__version__ and message["measurement"]["step_ms"] > 0
+
+
+def test_the_fit_task_and_the_controller_load_no_torch():
+    """What the fit task imports and what Ray Train's controller unpickles (the trainer's backend config, its
+    callbacks, the per-worker function) name no torch: only the ranks import it (`sweeps.backend`). Both
+    processes loaded it with `ray.train.torch.TorchConfig` (2-4 s of a core each, one after the other, on
+    every group's start); the ranks still get Ray's torch process group, which the Ray tiers measure on."""
+    from ray import cloudpickle
+
+    from sweeps.backend import TorchBackendConfig
+    from sweeps.fit import train_fn_per_worker
+
+    config = TorchBackendConfig(backend="gloo", timeout_s=60)
+    shipped = cloudpickle.dumps([config, config.backend_cls, config.train_func_context, train_fn_per_worker])
+    check = (
+        "import pickle, sys; import sweeps.fit, sweeps.controller; parts = pickle.loads(sys.stdin.buffer.read()); "
+        "backend = parts[1](); "
+        "print('torch' in sys.modules, parts[0].to_dict()['timeout_s'], backend.share_cuda_visible_devices)"
+    )
+    out = subprocess.run([sys.executable, "-c", check], input=shipped, capture_output=True, check=True)
+    assert out.stdout.decode().split() == ["False", "60", "True"], out.stderr.decode()[-2000:]
