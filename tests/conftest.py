@@ -16,6 +16,20 @@ def seed_store(tmp_path) -> str:
     return str(tmp_path)
 
 
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """`ddpsweep run sweeps/specs/smoke.yaml --cluster ci` on the embedded local Ray, once per session: its end
+    to end test asserts on it, and the browser tier reads a copy of the store it wrote (one sweep, not two)."""
+    from types import SimpleNamespace
+
+    from tests.test_cli_sweep import SMOKE, ddpsweep
+
+    root = tmp_path_factory.mktemp("smoke") / "store"
+    proc = ddpsweep("run", str(SMOKE), "--results", str(root), "--cluster", "ci")
+    out, err = proc.communicate(timeout=900)
+    return SimpleNamespace(root=root, out=out, err=err, returncode=proc.returncode)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -20,21 +20,6 @@ from tests.ray_head import free_port
 pytestmark = [pytest.mark.browser, pytest.mark.ray]
 ROOT = Path(__file__).resolve().parent.parent
 CHROMEDRIVER = shutil.which("chromedriver")
-MINI = """name: dash
-cluster: local
-model: tiny
-micro_batch: 4
-seq_len: 32
-warmup_steps: 1
-timed_steps: 3
-workers: [2]
-bucket_cap_mb: [0.05, 25]
-gas: [1]
-backend: gloo
-use_gpu: false
-cpus_per_worker: 1
-repeats: 3
-"""
 
 if CHROMEDRIVER is None or shutil.which("chromium") is None:
     pytest.skip(
@@ -45,19 +30,12 @@ webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pi
 
 
 @pytest.fixture(scope="module")
-def store_dir(tmp_path_factory) -> str:
-    """A store holding a real sweep's rows (2 workers, 2 buckets, 3 rounds) and a second, derived cluster."""
+def store_dir(smoke_run, tmp_path_factory) -> str:
+    """A copy of the store the session's smoke sweep wrote (a real sweep on the embedded Ray: 2 workers, 3
+    buckets, gas 1 and 2, no_sync both ways, 3 rounds; cluster `ci`) and a second, derived cluster."""
+    assert smoke_run.returncode == 0, smoke_run.err[-3000:]
     root = tmp_path_factory.mktemp("dash") / "store"
-    spec = root.parent / "dash.yaml"
-    spec.write_text(MINI)
-    proc = subprocess.run(
-        [sys.executable, "-m", "service.cli", "run", str(spec), "--results", str(root)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    shutil.copytree(smoke_run.root, root)
     store = Store.open(str(root))
     for row in store.read_table().to_pylist():  # a second cluster 20% faster, for the compare page
         store.write_row(
@@ -151,14 +129,14 @@ def test_the_sweeps_page_lists_the_store_and_updates_itself(browser, server, sto
     browser.get(server + "/")
     rows = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#sweeps tr"))
     by_cluster = {r.find_elements(By.TAG_NAME, "td")[0].text: r for r in rows}
-    assert set(by_cluster) == {"local", "faster"}
-    written = by_cluster["local"].find_element(By.CLASS_NAME, "written").text
-    stored = load(store_dir, cluster="local")
+    assert set(by_cluster) == {"ci", "faster"}
+    written = by_cluster["ci"].find_element(By.CLASS_NAME, "written").text
+    stored = load(store_dir, cluster="ci")
     assert written == f"{len(stored)}/{len(stored)}"  # written / planned, as the store holds them
     browser.save_screenshot(str(shots() / "sweeps.png"))
     store = Store.open(store_dir)
     live = {"sweep_id": "live-1", "cell_id": "live", "cluster": "live"}  # its own cluster: the compare test pools
-    store.write_row(store.read_table(cluster="local").to_pylist()[0] | live)  # local's sweeps, and must not see it
+    store.write_row(store.read_table(cluster="ci").to_pylist()[0] | live)  # ci's sweeps, and must not see it
     wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#sweeps tr[data-sweep='live-1']"))  # no reload
     no_console_errors(browser)
 
@@ -166,9 +144,9 @@ def test_the_sweeps_page_lists_the_store_and_updates_itself(browser, server, sto
 def test_the_sweep_page_draws_the_stored_medians(browser, server, store_dir):
     from selenium.webdriver.common.by import By
 
-    stored = load(store_dir, cluster="local")
+    stored = load(store_dir, cluster="ci")
     sweep = stored["sweep_id"].iloc[0]
-    browser.get(f"{server}/ui/sweep/local/{sweep}")
+    browser.get(f"{server}/ui/sweep/ci/{sweep}")
     points = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#u_curve circle.point"))
     cells = analysis.with_baseline(stored)
     expected = sorted(cells[cells["mode"] == "ddp"]["step_ms"])
@@ -184,10 +162,10 @@ def test_the_sweep_page_draws_the_stored_medians(browser, server, store_dir):
 def test_the_compare_page_overlays_two_clusters(browser, server):
     from selenium.webdriver.common.by import By
 
-    browser.get(f"{server}/ui/compare?a=local&b=faster")
+    browser.get(f"{server}/ui/compare?a=ci&b=faster")
     series = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#compare_curves g.series"))
     names = {s.get_attribute("data-series").split(":")[0] for s in series}
-    assert names == {"local", "faster"}
+    assert names == {"ci", "faster"}
     ratios = [float(td.text) for td in browser.find_elements(By.CSS_SELECTOR, "#comparison tr td:nth-child(8)")]
     assert ratios and all(abs(r - 0.8) < 0.03 for r in ratios)  # b/a = 0.8 as made (a bootstrap point estimate)
     browser.save_screenshot(str(shots() / "compare.png"))
