@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -28,15 +29,23 @@ def multiset(store: Store) -> Counter:
     return Counter((r["cluster"], r["sweep_id"], r["cell_id"], r["repeat"], r["step_ms"]) for r in t)
 
 
-@pytest.fixture
-def busy_store(tmp_path) -> Store:
-    """3 sweeps x 8 cells x 25 repeats = 600 row files (step times differ per repeat)."""
-    store = Store.open(str(tmp_path / "store"))
+@pytest.fixture(scope="module")
+def busy_template(tmp_path_factory) -> Path:
+    """3 sweeps x 8 cells x 25 repeats = 600 row files (step times differ per repeat), written once."""
+    root = tmp_path_factory.mktemp("busy") / "store"
+    store = Store.open(str(root))
     for sweep in ("s1", "s2", "s3"):
         for repeat in range(25):
             for r in seed_rows(sweep=sweep, repeat=repeat):
                 store.write_row(r | {"step_ms": r["step_ms"] + repeat / 8})
-    return store
+    return root
+
+
+@pytest.fixture
+def busy_store(busy_template, tmp_path) -> Store:
+    """A test's own copy of the 600-file store."""
+    shutil.copytree(busy_template, tmp_path / "store")
+    return Store.open(str(tmp_path / "store"))
 
 
 def test_concurrent_compact_commands_keep_every_row(busy_store, tmp_path):
