@@ -43,6 +43,26 @@ def test_the_exact_knobs_still_give_the_full_batch_gradient(tmp_path, knobs):
     assert_same(per_rank[1], per_rank[0], atol=0.0)
 
 
+def wrapped_broadcast_buffers(rank: int, cfgs: list[StepConfig]) -> list[tuple[bool, list[str]]]:
+    """Each cell's DDP wrapper: whether it syncs buffers at every forward, and what torch warned."""
+    import warnings
+
+    out = []
+    for cfg in cfgs:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rep = setup_replica(cfg, CPU)
+        out.append((rep.module.broadcast_buffers, [str(w.message)[:60] for w in caught]))
+    return out
+
+
+def test_broadcast_buffers_reaches_ddp_and_the_default_names_no_deprecated_argument(tmp_path):
+    cfgs = [BASE, dataclasses.replace(BASE, broadcast_buffers=False)]
+    (default, off), _ = run_world(wrapped_broadcast_buffers, 2, tmp_path, cfgs)
+    assert default == (True, [])  # torch's default is the knob's default: nothing to name, nothing warned
+    assert off[0] is False  # the knob set: named (torch >= 2.13 warns that it is deprecated)
+
+
 ERRORS = {}  # (workload, hook) -> relative gradient error, printed for the README
 
 

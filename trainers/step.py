@@ -109,8 +109,8 @@ def wrap_ddp(
         bucket_cap_mb=cfg.bucket_cap_mb,
         gradient_as_bucket_view=cfg.gradient_as_bucket_view,
         static_graph=cfg.static_graph,
-        broadcast_buffers=cfg.broadcast_buffers,
         **first_bucket_kwargs(cfg),
+        **({} if cfg.broadcast_buffers else {"broadcast_buffers": False}),  # torch >= 2.13 warns when it is named
     )
     hook, state = hooks.comm_hook(cfg, group)
     if cfg.trace_comm:
