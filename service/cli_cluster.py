@@ -1,0 +1,145 @@
+"""The `ddpsweep` commands that talk to a Ray cluster's job server, and the HTTP API: submit, status, logs,
+stop, serve. Registered on the one app by `service.cli`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from service.cli_common import DEFAULT_RESULTS, AddressOpt, ResultsOpt, fail
+from trainers.errors import DDPSweepError
+
+
+def submit(
+    spec: Annotated[str, typer.Argument(help="YAML sweep spec")],
+    address: AddressOpt = None,
+    cluster: Annotated[str | None, typer.Option(help="cluster label for the rows; default: the spec's")] = None,
+    results: Annotated[str | None, typer.Option(help="results root every node can reach; default: the spec's")] = None,
+    workdir: Annotated[
+        str | None,
+        typer.Option(help="folder holding your workload's code, shipped to the cluster (default: the current one)"),
+    ] = None,
+) -> None:
+    """Submit a sweep to a Ray cluster as a Ray Job (validated here first; nothing submitted on error). A spec
+    naming your own workload ships --workdir (default: the current directory) with the job."""
+    from service import jobs
+    from sweeps.specfile import load_spec_text
+
+    try:
+        parsed, text = load_spec_text(spec)  # the text submitted is the text validated (env:NAME included)
+        sweep_id, job_id = jobs.submit(text, parsed, address=address, cluster=cluster, results=results, workdir=workdir)
+    except DDPSweepError as e:
+        raise fail(str(e)) from None
+    typer.echo(f"sweep {sweep_id} submitted as job {job_id}")
+
+
+def status(
+    sweep_id: Annotated[str | None, typer.Argument(help="one sweep (default: all)")] = None,
+    address: AddressOpt = None,
+) -> None:
+    """Job state and cells written / planned, one sweep or all."""
+    from service import jobs
+
+    try:
+        found = jobs.status(address, sweep_id)
+    except DDPSweepError as e:
+        raise fail(str(e)) from None
+    if not found:
+        typer.echo("no sweeps on this cluster")
+    for s in found:
+        typer.echo(
+            f"{s.sweep_id}  {s.state:<9}  cells {s.written}/{s.planned}  errors {s.errors}  "
+            f"cluster={s.cluster}  {s.results}"
+        )
+
+
+def logs(
+    sweep_id: Annotated[str, typer.Argument(help="the sweep id")],
+    address: AddressOpt = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="stream until the job ends")] = False,
+) -> None:
+    """The sweep job's driver output."""
+    import asyncio
+
+    from service import jobs
+
+    try:
+        if not follow:
+            typer.echo(jobs.logs(address, sweep_id), nl=False)
+            return
+
+        from service.progress import LogProgress
+
+        async def stream(out: LogProgress) -> None:
+            async for chunk in jobs.follow_logs(address, sweep_id):
+                out.feed(chunk)
+
+        with LogProgress() as out:
+            asyncio.run(stream(out))
+    except DDPSweepError as e:
+        raise fail(str(e)) from None
+
+
+def stop(sweep_id: Annotated[str, typer.Argument(help="the sweep id")], address: AddressOpt = None) -> None:
+    """Stop a running sweep (rows already written stay)."""
+    from service import jobs
+
+    try:
+        stopped = jobs.stop(address, sweep_id)
+    except DDPSweepError as e:
+        raise fail(str(e)) from None
+    typer.echo(f"sweep {sweep_id}: {'stop requested' if stopped else 'was not running'}")
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="interface to bind")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port", min=1, max=65535)] = 8000,
+    address: AddressOpt = None,
+    results: ResultsOpt = DEFAULT_RESULTS,
+    token: Annotated[str | None, typer.Option(help="bearer token for mutating endpoints (or DDPSWEEP_TOKEN)")] = None,
+    allow_host: Annotated[
+        list[str], typer.Option("--allow-host", help="another Host name to serve on loopback (e.g. behind a proxy)")
+    ] = [],  # noqa: B006 — typer's list default
+    allow_workload: Annotated[
+        list[str],
+        typer.Option("--allow-workload", help="module prefix whose workloads POST /sweeps may name (e.g. acme.models)"),
+    ] = [],  # noqa: B006 — typer's list default
+    max_rows: Annotated[
+        int, typer.Option("--max-rows", min=1, help="rows kept in memory (about 0.5 KB each); more is a 413")
+    ] = 5_000_000,
+) -> None:
+    """The HTTP API (OpenAPI at /openapi.json, docs at /docs). On loopback only requests for 127.0.0.1,
+    localhost or ::1 (and --allow-host names) are served: a DNS-rebinding page cannot read the token-free
+    endpoints."""
+    import os
+
+    import uvicorn
+
+    from service.api import ServiceSettings, create_app
+    from service.jobs import is_loopback
+
+    token = token or os.environ.get("DDPSWEEP_TOKEN")
+    if not token and not is_loopback(f"http://{host}"):
+        raise fail(f"--host {host} is not loopback: set --token or DDPSWEEP_TOKEN before exposing the API")
+    if not token:
+        import secrets
+
+        token = secrets.token_urlsafe(24)
+        typer.echo(f"no token given: this server's bearer token is {token}", err=True)
+    loopback = is_loopback(f"http://{host}")
+    hosts = ("127.0.0.1", "localhost", "[::1]", "::1") if loopback else None  # beyond loopback: the token guards
+    hosts = (*hosts, *allow_host) if hosts is not None else None
+    settings = ServiceSettings(
+        address=address,
+        results=results,
+        token=token,
+        public_reads=loopback,
+        allowed_hosts=hosts,
+        allow_workload=tuple(allow_workload),
+        max_rows=max_rows,
+    )
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
+
+
+COMMANDS = (submit, status, logs, stop, serve)

@@ -1,0 +1,230 @@
+"""The `ddpsweep` commands that read a results store: query, compact, compare, scaling, report, recommend.
+Registered on the one app by `service.cli`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from service.cli_common import DEFAULT_RESULTS, ResultsOpt, fail
+from trainers.errors import ConfigError, DDPSweepError
+
+
+def query(
+    sql: Annotated[
+        str, typer.Argument(help="one SELECT over the views cells, cells_vs_baseline, u_curve, no_sync_gain")
+    ],
+    results: ResultsOpt = DEFAULT_RESULTS,
+    fmt: Annotated[str, typer.Option("--format", help="table | csv | json")] = "table",
+    timeout: Annotated[float, typer.Option(help="wall-clock limit in seconds", min=0.1, max=3600)] = 30.0,
+) -> None:
+    """SQL (DuckDB, read-only, sandboxed) over the results store (at most 100000 result rows)."""
+    from results import isolation
+    from results.query import query as run_query
+    from results.query import render
+
+    def expired() -> None:  # an interrupt DuckDB did not honour, or views that ran past the limit
+        typer.echo(f"error: query exceeded the time limit of {timeout:g} s", err=True)
+        os._exit(2)
+
+    try:
+        with isolation.memory_limited(), isolation.hard_deadline(timeout + isolation.GRACE_S, expired):
+            typer.echo(render(run_query(results, sql, timeout_s=timeout), fmt))
+    except DDPSweepError as e:
+        raise fail(str(e)) from None
+
+
+def compact(
+    results: ResultsOpt = DEFAULT_RESULTS,
+    cluster: Annotated[str | None, typer.Option(help="only this cluster")] = None,
+    sweep: Annotated[str | None, typer.Option(help="only this sweep id")] = None,
+) -> None:
+    """Merge each sweep's one-file-per-row folder into one Parquet file (done after every sweep too), then each
+    cluster's compacted sweeps into one pack (not with --sweep)."""
+    from results.compaction import compact as run_compact
+    from results.store import Store, require_label
+
+    try:
+        for field, label in (("--cluster", cluster), ("--sweep", sweep)):
+            if label is not None:
+                require_label(field, label)
+        done = run_compact(Store.open(results), cluster, sweep)
+    except DDPSweepError as e:
+        raise fail(str(e)) from None
+    for c in (c for c in done if c.files_read or c.skipped):
+        where = f"cluster={c.cluster}" + (" pack" if c.sweep_id == "*" else f" sweep={c.sweep_id}")
+        if c.skipped:
+            typer.echo(f"{where}: skipped: {c.skipped}", err=True)
+        else:
+            typer.echo(f"{where}: {c.files_read} file(s) -> 1, {c.rows} rows, {c.files_removed} file(s) removed")
+    idle = sum(not c.files_read and not c.skipped for c in done)
+    skipped = sum(bool(c.skipped) for c in done)
+    counts = f"{len(done) - idle - skipped} compacted, {idle} already compact" + (
+        f", {skipped} skipped" * bool(skipped)
+    )
+    typer.echo(counts if done else "nothing to compact")
+
+
+def compare(
+    cluster: Annotated[list[str], typer.Option("--cluster", help="exactly two cluster labels")],
+    results: ResultsOpt = DEFAULT_RESULTS,
+    sweep: Annotated[list[str] | None, typer.Option("--sweep", help="restrict to these sweep ids")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table | csv | json")] = "table",
+    scaling_figure: Annotated[
+        str | None, typer.Option(help="also write both clusters' scaling curves on one figure (PNG)")
+    ] = None,
+) -> None:
+    """Two clusters side by side: matched grid positions, ratio, comparability and significance flags."""
+    import pandas as pd
+
+    from results.compare import compare as compare_clusters
+    from results.query import render
+    from results.store import load
+
+    try:
+        if len(cluster) != 2 or cluster[0] == cluster[1]:
+            raise ConfigError("--cluster", cluster, "exactly two different labels: --cluster A --cluster B")
+        rows = [load(results, cluster=c) for c in cluster]
+        both = pd.concat(rows, ignore_index=True)
+        if sweep:
+            unknown = sorted(set(sweep) - set(both["sweep_id"]))
+            if unknown:
+                known = ", ".join(sorted(set(both["sweep_id"])))
+                raise ConfigError("--sweep", unknown[0], f"a sweep of these clusters: {known}")
+            both = both[both["sweep_id"].isin(sweep)]
+        typer.echo(render(compare_clusters(both, cluster[0], cluster[1]), fmt))
+        if scaling_figure:
+            _write_scaling_figure(both, scaling_figure)
+    except DDPSweepError as e:
+        raise fail(str(e)) from None
+
+
+def _write_scaling_figure(rows, path: str) -> None:
+    from results import plots
+    from results.scaling import scaling
+
+    table = scaling(rows)
+    if table.empty:
+        raise ConfigError("--scaling-figure", path, "clusters with DDP rows at more than one topology")
+    try:
+        plots.scaling_figure(table).savefig(path, format="png", dpi=110)
+    except OSError as e:
+        raise ConfigError("--scaling-figure", path, f"a writable .png path ({e.strerror or e})") from None
+    typer.echo(f"scaling curves: {path}", err=True)
+
+
+def scaling(
+    results: ResultsOpt = DEFAULT_RESULTS,
+    cluster: Annotated[list[str] | None, typer.Option("--cluster", help="clusters to include (default all)")] = None,
+    sweep: Annotated[str | None, typer.Option("--sweep", help="one sweep id")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table | csv | json")] = "table",
+) -> None:
+    """Throughput and strong-scaling efficiency by topology (nodes x workers per node), with intervals,
+    the busbw each topology reached where the sweep calibrated, and the knee."""
+    import pandas as pd
+
+    from results.query import render
+    from results.scaling import scaling as scaling_table
+    from results.store import load, load_calibration
+
+    try:
+        rows = pd.concat([load(results, cluster=c, sweep=sweep) for c in (cluster or [None])], ignore_index=True)
+        calibration = pd.concat([load_calibration(results, c, sweep) for c in (cluster or [None])])
+        table = scaling_table(rows, calibration)
+        render(table.head(0), fmt)  # an unknown --format is refused before anything is printed
+    except DDPSweepError as e:
+        raise fail(str(e)) from None
+    if table.empty:
+        raise fail("no ok DDP rows to scale: run a sweep with a topology axis (e.g. topology: [1x1, 1x2, 2x1])")
+    shown = [
+        "cluster",
+        "gas",
+        "no_sync",
+        "bucket_cap_mb",
+        "topology",
+        "step_ms",
+        "tokens_per_s",
+        "tokens_per_s_ci_lo",
+        "tokens_per_s_ci_hi",
+        "efficiency",
+        "efficiency_ci_lo",
+        "efficiency_ci_hi",
+        "vs_previous",
+        "vs_previous_ci_lo",
+        "vs_previous_ci_hi",
+        "comm_share",
+        "busbw_gbps",
+        "knee",
+    ]
+    typer.echo(render(table[shown], fmt))
+    for k in table[table["knee_why"] != ""].itertuples():
+        what = "knee" if k.knee else "drop"  # every significant drop is named; the knee is the steepest
+        typer.echo(
+            f"{what}: {k.cluster} gas={k.gas} bucket={k.bucket_cap_mb:g} MB at {k.topology}: {k.knee_why}",
+            err=fmt != "table",
+        )
+
+
+def report(
+    out: Annotated[str, typer.Option("--out", help="report.html, or a folder with --format png")],
+    results: ResultsOpt = DEFAULT_RESULTS,
+    cluster: Annotated[list[str] | None, typer.Option("--cluster", help="clusters to include (default all)")] = None,
+    sweep: Annotated[str | None, typer.Option("--sweep", help="one sweep id")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="html | png")] = "html",
+    algbw_gbps: Annotated[float | None, typer.Option(help="all-reduce algbw (GB/s) for the cost model")] = None,
+) -> None:
+    """A self-contained HTML report (figures embedded), or the figures as PNGs."""
+    import pandas as pd
+
+    from results.report import render_html, write_pngs
+    from results.store import load, load_calibration
+
+    try:
+        if fmt not in ("html", "png"):
+            raise ConfigError("--format", fmt, "html or png")
+        rows = pd.concat([load(results, cluster=c, sweep=sweep) for c in (cluster or [None])], ignore_index=True)
+        algbw = algbw_gbps * 1e9 if algbw_gbps else None
+        calibration = pd.concat([load_calibration(results, c, sweep) for c in (cluster or [None])])
+        if fmt == "png":
+            written = write_pngs(rows, out, algbw, calibration)
+            if not written:
+                raise ConfigError("--results", results, "a store with ok rows to draw (every row is an error)")
+            for path in written:
+                typer.echo(str(path))
+            return
+        title = f"ddpsweep report: {', '.join(cluster or ['all clusters'])}"
+        Path(out).write_text(render_html(rows, title, algbw, calibration))
+        typer.echo(out)
+    except DDPSweepError as e:
+        raise fail(str(e)) from None
+    except OSError as e:
+        what = "a folder for the PNGs" if fmt == "png" else "a writable .html file path"
+        raise fail(f"--out: cannot write {out!r} ({e.strerror or e}); give {what}") from None
+
+
+def recommend(
+    results: ResultsOpt = DEFAULT_RESULTS,
+    cluster: Annotated[str | None, typer.Option("--cluster", help="one cluster (default all)")] = None,
+    sweep: Annotated[str | None, typer.Option("--sweep", help="one sweep id")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="text | json")] = "text",
+) -> None:
+    """Per curve (workload, topology, gas): the best measured DDP configuration, its gain over PyTorch's
+    defaults with a 95% interval, what cannot be told apart from it, and the code to paste; or, when the
+    intervals cannot separate it from the defaults, one sentence saying so."""
+    from results.recommend import recommend as run_recommend
+    from results.recommend import to_json, to_text
+    from results.store import load
+
+    try:
+        if fmt not in ("text", "json"):
+            raise ConfigError("--format", fmt, "text or json")
+        recs = run_recommend(load(results, cluster=cluster, sweep=sweep))
+    except DDPSweepError as e:
+        raise fail(str(e)) from None
+    typer.echo(to_json(recs) if fmt == "json" else to_text(recs))
+
+
+COMMANDS = (query, compact, compare, scaling, report, recommend)
