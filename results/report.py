@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import base64
-import html
 import io
+import math
 import threading
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+import jinja2
 import pandas as pd
+from markupsafe import Markup
 from matplotlib.figure import Figure
 
 from results import analysis, plots, recommend, scaling
@@ -22,6 +25,30 @@ th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee;margin:0.5em 0}h2
 # matplotlib's text layout (its mathtext parser and font caches) is shared by every figure and not thread-safe,
 # even without pyplot: one report renders at a time in a process (the HTTP server renders on a thread pool).
 RENDER_LOCK = threading.Lock()
+
+PAGES = jinja2.Environment(
+    loader=jinja2.PackageLoader("results", "templates"),
+    autoescape=True,  # every stored value (labels, errors, a workload's path) is text on the page, never markup
+    undefined=jinja2.StrictUndefined,
+)
+
+
+@dataclass
+class Table:
+    """A table as the page shows it: column names and each row's cells as text."""
+
+    columns: list[str]
+    rows: list[list[str]]
+
+
+@dataclass
+class Section:
+    """One titled part of the report: knees and notes (paragraphs), then a table (None: "(none)")."""
+
+    title: str
+    table: Table | None
+    notes: list[str] = field(default_factory=list)
+    knees: list[dict] = field(default_factory=list)  # scaling rows where the knee is
 
 
 def figures(
@@ -75,11 +102,21 @@ def _write_pngs(
     return paths
 
 
-def _table(df: pd.DataFrame, columns: list[str]) -> str:
-    cols = [c for c in columns if c in df.columns]
+def _table(df: pd.DataFrame, columns: list[str]) -> Table | None:
+    """The named columns that `df` has, each value as text (None: no rows)."""
     if df.empty:
-        return "<p>(none)</p>"
-    return df[cols].to_html(index=False, float_format=lambda v: f"{v:.3g}" if abs(v) < 1 else f"{v:.1f}", na_rep="–")
+        return None
+    cols = [c for c in columns if c in df.columns]
+    return Table(cols, [[_text(v) for v in row] for row in df[cols].itertuples(index=False)])
+
+
+def _text(v: object) -> str:
+    """A cell as text: floats to 3 significant digits under 1, else one decimal; missing values as a dash."""
+    if isinstance(v, float):  # numpy's float64 is one too
+        return "–" if math.isnan(v) else _fmt(v)
+    if v is None or v is pd.NA or v is pd.NaT:
+        return "–"
+    return str(v)
 
 
 def _fmt(v: float) -> str:
@@ -102,200 +139,101 @@ def _with_intervals(df: pd.DataFrame, names: list[str]) -> pd.DataFrame:
     return out
 
 
-def calibration_tables(rows: pd.DataFrame, calibration: pd.DataFrame) -> list[str]:
+FIT_COLUMNS = ["cluster", "world_size", "num_nodes", "backend", "alpha_us", "beta_gbps", "max_rel_residual"]
+PREDICTED_COLUMNS = ["cluster", "world_size", "gas", "no_sync", "bucket_cap_mb", "step_ms", "baseline_step_ms"]
+PREDICTED_COLUMNS += ["predicted_allreduce_ms", "no_overlap_bound_ms", "exposed_comm_ms", "measured_over_predicted"]
+SCALING_COLUMNS = ["cluster", "gas", "no_sync", "bucket_cap_mb", "topology", "world_size", "step_ms", "tokens_per_s"]
+SCALING_COLUMNS += ["efficiency", "vs_previous", "comm_share", "busbw_gbps", "knee", "n_repeats"]
+CURVE_COLUMNS = ["cluster", "world_size", "gas", "no_sync", "best_bucket_cap_mb", "indistinguishable_buckets_mb"]
+CURVE_COLUMNS += ["best_step_ms", "best_efficiency", "largest_bucket_step_ms", "overlap_saved_ms", "baseline_step_ms"]
+CURVE_COLUMNS += ["n_repeats", "min_resolvable_rel", "rounds_for_target"]
+NO_SYNC_COLUMNS = ["cluster", "world_size", "gas", "bucket_cap_mb", "step_ms_sync", "step_ms_no_sync", "saved_ms"]
+NO_SYNC_COLUMNS += ["tokens_per_s_gain"]
+CELL_COLUMNS = ["cluster", "sweep_id", "mode", "world_size", "num_nodes", "bucket_cap_mb", "gas", "no_sync"]
+CELL_COLUMNS += ["step_ms", "tokens_per_s", "efficiency", "exposed_comm_ms", "baseline_source", "n_repeats", "n_steps"]
+ERROR_COLUMNS = ["cluster", "sweep_id", "cell_id", "mode", "world_size", "error"]
+NO_KNEE = "No knee: per-rank throughput never fell by 10% or more (its whole interval) from one topology to the next."
+
+
+def calibration_tables(rows: pd.DataFrame, calibration: pd.DataFrame) -> list[Section]:
     """The α–β fits, and each DDP cell's measured step beside what its own cluster's calibration predicts."""
     from results import costmodel
 
     fits = costmodel.fits(calibration)
     pred = costmodel.predictions(analysis.with_baseline(rows, keep_reps=True), calibration)
-    parts = [
-        "<h2>Calibration: the α–β model per group of ranks</h2>",
-        _table(
-            fits.assign(alpha_us=fits["alpha_ms"] * 1e3),
-            [
-                "cluster",
-                "world_size",
-                "num_nodes",
-                "backend",
-                "alpha_us",
-                "beta_gbps",
-                "max_rel_residual",
-                "n_sizes",
-                "uses",
-            ],
-        ),
-    ]
+    fit_table = _table(fits.assign(alpha_us=fits["alpha_ms"] * 1e3), [*FIT_COLUMNS, "n_sizes", "uses"])
+    sections = [Section("Calibration: the α–β model per group of ranks", fit_table)]
     if pred.empty:
-        return parts
-    shown = ["step_ms", "exposed_comm_ms", "measured_over_predicted"]
-    columns = [
-        "cluster",
-        "world_size",
-        "gas",
-        "no_sync",
-        "bucket_cap_mb",
-        "step_ms",
-        "baseline_step_ms",
-        "predicted_allreduce_ms",
-        "no_overlap_bound_ms",
-        "exposed_comm_ms",
-        "measured_over_predicted",
-        "predicted_single_bucket_ms",
-    ]
-    title = "<h2>Measured vs predicted (the sweep's own calibration)</h2>"
-    return [*parts, title, _table(_with_intervals(pred, shown), columns)]
+        return sections
+    shown = _with_intervals(pred, ["step_ms", "exposed_comm_ms", "measured_over_predicted"])
+    table = _table(shown, [*PREDICTED_COLUMNS, "predicted_single_bucket_ms"])
+    return [*sections, Section("Measured vs predicted (the sweep's own calibration)", table)]
 
 
-def scaling_tables(rows: pd.DataFrame, calibration: pd.DataFrame | None) -> list[str]:
+def scaling_tables(rows: pd.DataFrame, calibration: pd.DataFrame | None) -> list[Section]:
     """The scaling section: every (series, topology) with its intervals, busbw and the knee."""
     table = scaling.scaling(rows, calibration)
-    knees = table[table["knee"]]
-    note = "".join(
-        f"<p><b>Knee</b> at {html.escape(k.topology)} ({html.escape(k.cluster)}, gas {k.gas}, bucket "
-        f"{k.bucket_cap_mb:g} MB): {html.escape(k.knee_why)}</p>"
-        for k in knees.itertuples()
-    )
+    knees = table[table["knee"]].to_dict("records")  # topology, cluster, gas, bucket_cap_mb, knee_why
     shown = _with_intervals(table, ["step_ms", "tokens_per_s", "efficiency", "vs_previous"])
+    title = "Scaling by topology (nodes x workers per node)"
+    return [Section(title, _table(shown, SCALING_COLUMNS), notes=[] if knees else [NO_KNEE], knees=knees)]
+
+
+def _recommendations(rows: pd.DataFrame) -> list[dict]:
+    """`ddpsweep recommend`'s verdicts and snippets, per curve."""
     return [
-        "<h2>Scaling by topology (nodes x workers per node)</h2>",
-        note
-        or "<p>No knee: per-rank throughput "
-        "never fell by 10% or more (its whole interval) from one topology to the next.</p>",
-        _table(
-            shown,
-            [
-                "cluster",
-                "gas",
-                "no_sync",
-                "bucket_cap_mb",
-                "topology",
-                "world_size",
-                "step_ms",
-                "tokens_per_s",
-                "efficiency",
-                "vs_previous",
-                "comm_share",
-                "busbw_gbps",
-                "knee",
-                "n_repeats",
-            ],
-        ),
+        {
+            "head": f"{r['model']} · {r['topology']} · gas {r['gas']}",
+            "verdict": r["verdict"],
+            "default_note": r["default_note"],
+            "snippet": r["snippet"],
+        }
+        for r in recommend.recommend(rows)
     ]
 
 
-def _recommendation(rows: pd.DataFrame) -> str:
-    """`ddpsweep recommend`'s verdicts and snippets (escaped)."""
-    out = ["<h2>Recommendation</h2>"]
-    for r in recommend.recommend(rows):
-        head = f"{r['model']} · {r['topology']} · gas {r['gas']}"
-        out.append(
-            f"<h3>{html.escape(head)}</h3><p><b>{html.escape(r['verdict'])}</b> "
-            f"(compared with: {html.escape(r['default_note'])})</p><pre>{html.escape(r['snippet'])}</pre>"
-        )
-    return "".join(out)
+def _sections(rows: pd.DataFrame, calibration: pd.DataFrame | None) -> list[Section]:
+    curve = analysis.u_curve(rows)
+    if not curve.empty:
+        listed = curve["indistinguishable_buckets_mb"].map(lambda bs: ", ".join(f"{b:g}" for b in bs))
+        curve = curve.assign(indistinguishable_buckets_mb=listed)
+    curve = _with_intervals(curve, ["best_step_ms", "best_efficiency", "overlap_saved_ms"])
+    gain = _with_intervals(analysis.no_sync_gain(rows), ["saved_ms"])
+    cells = _with_intervals(analysis.with_baseline(rows), ["step_ms", "efficiency", "exposed_comm_ms"])
+    sections = [
+        Section("Best bucket per curve", _table(curve, CURVE_COLUMNS)),
+        Section("no_sync gain", _table(gain, NO_SYNC_COLUMNS)),
+        Section("All cells", _table(cells, CELL_COLUMNS)),
+    ]
+    if scaling.topologies(rows) > 1:
+        sections += scaling_tables(rows, calibration)
+    if calibration is not None and not calibration.empty:
+        sections += calibration_tables(rows, calibration)
+    errors = rows[rows["status"] == "error"]
+    if not errors.empty:
+        sections.append(Section("Errors", _table(errors, ERROR_COLUMNS)))
+    return sections
 
 
 def render_html(
     rows: pd.DataFrame, title: str, algbw_bytes_per_s: float | None = None, calibration: pd.DataFrame | None = None
 ) -> str:
-    """The whole report as one HTML string (the sweep's own calibration used where there is one)."""
-    ok = rows[rows["status"] == "ok"]
-    parts = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-        f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
-        f"<p>{len(rows)} rows ({len(rows) - len(ok)} errors) from clusters "
-        f"{html.escape(', '.join(sorted(rows['cluster'].unique())))}; generated "
-        f"{datetime.now(UTC):%Y-%m-%d %H:%M UTC}.</p>",
-    ]
+    """The whole report as one HTML string (the sweep's own calibration used where there is one), rendered from
+    `results/templates/report.html` with every value escaped."""
     with RENDER_LOCK:
-        images = {
-            stem: base64.b64encode(_png(fig)).decode()
+        images = [
+            (stem, base64.b64encode(_png(fig)).decode())
             for stem, fig in figures(rows, algbw_bytes_per_s, calibration).items()
-        }
-    for stem, data in images.items():
-        parts.append(f"<h2>{stem.replace('_', ' ')}</h2><img alt='{stem}' src='data:image/png;base64,{data}'>")
-    parts.append(_recommendation(rows))
-    curve = analysis.u_curve(rows)
-    parts.append(
-        "<p>Every figure is a median with its 95% interval [lo, hi]: a hierarchical bootstrap over "
-        "repeats and steps; derived figures computed on each bootstrap replicate, paired by round between the "
-        "cells of one worker group. min_resolvable_rel: differences under it cannot be told apart by this "
-        f"sweep; rounds_for_target: the rounds that would resolve {analysis.TARGET_REL:.0%}.</p>"
+        ]
+    return PAGES.get_template("report.html").render(
+        title=title,
+        style=Markup(STYLE),  # a constant of this module, not data
+        n_rows=len(rows),
+        n_errors=int((rows["status"] != "ok").sum()),
+        clusters=", ".join(sorted(rows["cluster"].unique())),
+        generated=f"{datetime.now(UTC):%Y-%m-%d %H:%M UTC}",
+        images=images,
+        recommendations=_recommendations(rows),
+        target_rel=f"{analysis.TARGET_REL:.0%}",
+        sections=_sections(rows, calibration),
     )
-    if not curve.empty:
-        curve = curve.assign(
-            indistinguishable_buckets_mb=curve["indistinguishable_buckets_mb"].map(
-                lambda bs: ", ".join(f"{b:g}" for b in bs)
-            )
-        )
-    parts += [
-        "<h2>Best bucket per curve</h2>",
-        _table(
-            _with_intervals(curve, ["best_step_ms", "best_efficiency", "overlap_saved_ms"]),
-            [
-                "cluster",
-                "world_size",
-                "gas",
-                "no_sync",
-                "best_bucket_cap_mb",
-                "indistinguishable_buckets_mb",
-                "best_step_ms",
-                "best_efficiency",
-                "largest_bucket_step_ms",
-                "overlap_saved_ms",
-                "baseline_step_ms",
-                "n_repeats",
-                "min_resolvable_rel",
-                "rounds_for_target",
-            ],
-        ),
-    ]
-    parts += [
-        "<h2>no_sync gain</h2>",
-        _table(
-            _with_intervals(analysis.no_sync_gain(rows), ["saved_ms"]),
-            [
-                "cluster",
-                "world_size",
-                "gas",
-                "bucket_cap_mb",
-                "step_ms_sync",
-                "step_ms_no_sync",
-                "saved_ms",
-                "tokens_per_s_gain",
-            ],
-        ),
-    ]
-    cells = _with_intervals(analysis.with_baseline(rows), ["step_ms", "efficiency", "exposed_comm_ms"])
-    parts += [
-        "<h2>All cells</h2>",
-        _table(
-            cells,
-            [
-                "cluster",
-                "sweep_id",
-                "mode",
-                "world_size",
-                "num_nodes",
-                "bucket_cap_mb",
-                "gas",
-                "no_sync",
-                "step_ms",
-                "tokens_per_s",
-                "efficiency",
-                "exposed_comm_ms",
-                "baseline_source",
-                "n_repeats",
-                "n_steps",
-            ],
-        ),
-    ]
-    if scaling.topologies(rows) > 1:
-        parts += scaling_tables(rows, calibration)
-    if calibration is not None and not calibration.empty:
-        parts += calibration_tables(rows, calibration)
-    errors = rows[rows["status"] == "error"]
-    if not errors.empty:
-        parts += ["<h2>Errors</h2>", _table(errors, ["cluster", "sweep_id", "cell_id", "mode", "world_size", "error"])]
-    parts.append("</body></html>")
-    return "\n".join(parts)
