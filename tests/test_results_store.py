@@ -169,6 +169,18 @@ def test_report_is_self_contained_html_and_pngs(seed_store, tmp_path):
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
 
 
+def test_stored_markup_in_a_report_is_text_never_markup(seed_store):
+    rows = load(seed_store)
+    hostile = "<img src=x onerror=alert(1)>"
+    rows["cluster"] = hostile
+    rows.loc[rows.index[-1], ["status", "error"]] = ["error", hostile]
+    page = render_html(rows, hostile)
+    assert "<img src=x" not in page  # the template escapes every value
+    escaped = "&lt;img src=x onerror=alert(1)&gt;"
+    assert page.count(escaped) >= 5  # title, heading, the clusters line, the tables' cluster column, the error
+    assert "<h2>Errors</h2>" in page and page.count("<table") >= 3
+
+
 def test_cli_query_compare_report_errors_exit_2(seed_store, tmp_path):
     runner = CliRunner()
     ok = runner.invoke(app, ["query", "select count(*) n from cells", "--results", seed_store, "--format", "json"])
