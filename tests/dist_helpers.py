@@ -106,7 +106,9 @@ _WORLDS: dict[int, _World] = {}
 def run_world(fn: Callable, world_size: int, workdir: Path, *args: Any) -> list[Any]:
     """Run fn(rank, *args) on every rank; return each rank's return value (saved with torch.save)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    world = _WORLDS.get(world_size) or _WORLDS.setdefault(world_size, _World(world_size))
+    world = _WORLDS.get(world_size)
+    if world is None:
+        world = _WORLDS[world_size] = _World(world_size)
     try:
         world.run(fn, workdir, args)
     except BaseException:
