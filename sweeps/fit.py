@@ -15,7 +15,7 @@ from ray.util.queue import Queue
 from sweeps.backend import TorchBackendConfig
 from sweeps.controller import start_callbacks
 from sweeps.grid import Group
-from sweeps.options import TrialOptions, placement_for
+from sweeps.options import TrialOptions, placement_for, worker_resources
 
 # Propagated by Ray Train from its driver (this task) to the controller and workers.
 TRAIN_ENV = {
@@ -34,7 +34,7 @@ def train_fn_per_worker(config: dict) -> None:
 
 def build_trainer(group: Group, opts: TrialOptions, outbox: Queue, inbox: Queue | None = None) -> DataParallelTrainer:
     cell = group.first
-    resources = {"CPU": opts.cpus_per_worker} | ({"GPU": 1} if opts.use_gpu else {})
+    resources = worker_resources(opts)
     threads = max(1, int(opts.cpus_per_worker))
     env = dict(opts.env) | cell.env_vars  # the spec's env, then this group's env_grid combination
     return DataParallelTrainer(

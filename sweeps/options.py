@@ -29,6 +29,12 @@ class TrialOptions:
     group_start_timeout_s: float
     env: dict
     storage_path: str
+    sole_trial: bool  # max_concurrent_trials == 1: no other trial makes worker groups meanwhile (sweeps.leftover)
+
+
+def worker_resources(opts: TrialOptions) -> dict[str, float]:
+    """One rank's bundle: its CPUs, and its GPU where the sweep uses GPUs."""
+    return {"CPU": opts.cpus_per_worker} | ({"GPU": 1} if opts.use_gpu else {})
 
 
 def placement_for(cell: Cell, requested: str) -> str:

@@ -255,6 +255,7 @@ def resolve_options(plan: SweepPlan, res: preflight.ClusterResources, storage_pa
         group_start_timeout_s=spec.group_start_timeout_s,
         env={k: str(v) for k, v in spec.env.items()} | planted_slowdown(),
         storage_path=storage_path,
+        sole_trial=spec.max_concurrent_trials == 1,
     )
 
 

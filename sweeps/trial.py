@@ -27,13 +27,15 @@ from ray.util.queue import Queue
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from results.racing import Rule
+from sweeps import leftover
 from sweeps.grid import Cell, Group, Slot
-from sweeps.options import TrialOptions, placement_for
+from sweeps.options import TrialOptions, placement_for, worker_resources
 from sweeps.rounds import RoundPlanner
 from sweeps.rows import RowContext, build_row, now
 from sweeps.startmarks import setup_parts
 
 POLL_S = 0.1  # how often the trial looks at the outbox and the fit (never inside a measurement)
+FIT_END_WAIT_S = 30.0  # a force-cancelled fit is gone within a second or two
 
 
 def row_context(group: Group, opts: TrialOptions, started: datetime) -> RowContext:
@@ -79,6 +81,7 @@ class GroupRun:
         self.inbox = None if planner is None else Queue(actor_options={"num_cpus": 0})
         for keys in planner.first_rounds() if planner else []:
             self.inbox.put(keys)
+        self.pgs_before = leftover.live_placement_groups() if opts.sole_trial else None
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
         self.ref = fit_task.options(scheduling_strategy=here).remote(
             group.to_dict(), asdict(opts), self.outbox, self.inbox
@@ -125,14 +128,24 @@ class GroupRun:
                 finished, _ = ray.wait([self.ref], timeout=POLL_S)
                 yield from self._drain()
                 if finished:
-                    return _fit_error(self.ref)
+                    return self._release(_fit_error(self.ref))
                 if time.perf_counter() > self.deadline:
                     ray.cancel(self.ref, force=True)
-                    return self._timed_out()
+                    return self._release(self._timed_out())
         finally:
             ray.kill(self.outbox.actor)
             if self.inbox is not None:
                 ray.kill(self.inbox.actor)
+
+    def _release(self, why: str | None) -> str | None:
+        """After a failed fit: once it has ended, remove a placement group it left reserved (sweeps.leftover)."""
+        if why is None or self.pgs_before is None:
+            return why
+        ray.wait([self.ref], timeout=FIT_END_WAIT_S)
+        cell = self.group.first
+        bundles = [worker_resources(self.opts)] * cell.world_size
+        leftover.remove_left_behind(self.pgs_before, bundles, placement_for(cell, self.opts.placement))
+        return why
 
     def _timed_out(self) -> str:
         if not self.ready:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 import ray
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 
 from results.query import query
 from results.store import Store, load
+from sweeps import leftover
 from sweeps.grid import expand
 from sweeps.runner import execute, plan_sweep
 from sweeps.specfile import parse_spec
@@ -144,6 +147,39 @@ def test_a_group_that_is_not_ready_in_time_fails_twice_and_every_pair_says_why(f
     assert len(outcome.rows) == 2 and {r["status"] for r in outcome.rows} == {"error"}
     why = "not measured: group failed twice (worker group not ready after group_start_timeout_s=2 s)"
     assert {r["error"] for r in outcome.rows} == {why}
+    assert_every_cpu_free()  # a fit killed while it started leaves no worker group reserving the CPUs
+
+
+def assert_every_cpu_free(wait_s: float = 10.0) -> None:
+    """Nothing a sweep made still holds a CPU: the next sweep's groups would wait for them and time out (seen: a
+    group killed at group_start_timeout_s left its placement group, and four sweeps after it failed)."""
+    deadline = time.monotonic() + wait_s
+    while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    held = {k: v["state"] for k, v in placement_group_table().items() if v["state"] != "REMOVED"}
+    assert ray.available_resources().get("CPU", 0) == 2, held
+
+
+def test_a_worker_group_left_by_a_killed_fit_is_removed_and_nothing_else(fault_file):
+    @ray.remote(num_cpus=0)
+    class Controller:  # stands for Ray Train's controller: it makes the group, then dies before registering it
+        def make(self, bundles, strategy):
+            self.pg = placement_group(bundles, strategy=strategy)
+            return self.pg.id.hex()
+
+    older = placement_group([{"CPU": 1}], strategy="PACK")  # made before the fit: never the fit's
+    before = leftover.live_placement_groups()
+    controller = Controller.remote()
+    ours = ray.get(controller.make.remote([{"CPU": 1}], "STRICT_PACK"))
+    other_shape = ray.get(controller.make.remote([{"CPU": 1}], "SPREAD"))
+    ray.kill(controller)
+    assert ray.get(older.ready(), timeout=30)
+    assert leftover.remove_left_behind(before, [{"CPU": 1.0}], "STRICT_PACK", settle_s=0.5) == [ours]
+    states = {k: v["state"] for k, v in placement_group_table().items()}
+    assert states[ours] == "REMOVED" and states[older.id.hex()] != "REMOVED" and states[other_shape] != "REMOVED"
+    for pg_id in (older.id.hex(), other_shape):
+        remove_placement_group(PlacementGroup(leftover._pg_id(pg_id)))
+    assert_every_cpu_free()
 
 
 def test_cell_isolation_runs_one_worker_group_per_measurement(fault_file, tmp_path):
