@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 
+import ray
 from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
 
 SETTLE_S = 3.0  # how long after the fit ended a controller still dying may yet create its group
@@ -51,14 +52,13 @@ def remove_left_behind(
     end = time.monotonic() + settle_s
     while True:
         for pg_id in left_behind(before | set(removed), bundles, strategy):
-            remove_placement_group(PlacementGroup(_pg_id(pg_id)))
+            remove_placement_group(handle(pg_id))
             removed.append(pg_id)
         if time.monotonic() >= end:
             return removed
         time.sleep(POLL_S)
 
 
-def _pg_id(hex_id: str):
-    from ray._raylet import PlacementGroupID
-
-    return PlacementGroupID(bytes.fromhex(hex_id))
+def handle(hex_id: str) -> PlacementGroup:
+    """The placement group of an id from placement_group_table."""
+    return PlacementGroup(ray.PlacementGroupID.from_hex(hex_id))

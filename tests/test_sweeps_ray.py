@@ -8,7 +8,7 @@ import time
 
 import pytest
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
+from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
 from results.query import query
 from results.store import Store, load
@@ -173,12 +173,11 @@ def test_a_worker_group_left_by_a_killed_fit_is_removed_and_nothing_else(fault_f
     ours = ray.get(controller.make.remote([{"CPU": 1}], "STRICT_PACK"))
     other_shape = ray.get(controller.make.remote([{"CPU": 1}], "SPREAD"))
     ray.kill(controller)
-    assert ray.get(older.ready(), timeout=30)
     assert leftover.remove_left_behind(before, [{"CPU": 1.0}], "STRICT_PACK", settle_s=0.5) == [ours]
     states = {k: v["state"] for k, v in placement_group_table().items()}
     assert states[ours] == "REMOVED" and states[older.id.hex()] != "REMOVED" and states[other_shape] != "REMOVED"
     for pg_id in (older.id.hex(), other_shape):
-        remove_placement_group(PlacementGroup(leftover._pg_id(pg_id)))
+        remove_placement_group(leftover.handle(pg_id))
     assert_every_cpu_free()
 
 
