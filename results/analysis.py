@@ -15,40 +15,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from results.schema import OLDER_ROWS
+from results import identity
 from results.uncertainty import cell_replicates, interval, t_factor
 
-# A measured configuration; repeats of it are aggregated (median) before any comparison.
-CONFIG_KEYS = [
-    "cluster",
-    "sweep_id",
-    "model",
-    "micro_batch",
-    "seq_len",
-    "mode",
-    "world_size",
-    "num_nodes",
-    "gas",
-    "no_sync",
-    "bucket_cap_mb",
-    "gradient_as_bucket_view",
-    "backend",
-    "device_type",
-    "timing",
-    *(DDP_KNOBS := ["comm_hook", "powersgd_rank", "first_bucket_mb", "static_graph", "broadcast_buffers", "env_grid"]),
-]
-# A timing method is compared with its own baseline only (sync, events and loop measure different things).
-BASELINE_KEYS = ["cluster", "sweep_id", "model", "micro_batch", "seq_len", "timing"]
-# One U-curve: everything but the bucket fixed (a hook, first bucket or environment is a curve of its own).
-CURVE_KEYS = BASELINE_KEYS + [
-    "mode",
-    "world_size",
-    "num_nodes",
-    "gas",
-    "no_sync",
-    "gradient_as_bucket_view",
-    *DDP_KNOBS,
-]
+# What is one configuration, one baseline, one curve: derived from the knob table (results.identity)
+CONFIG_KEYS, BASELINE_KEYS, CURVE_KEYS = identity.CONFIG_KEYS, identity.BASELINE_KEYS, identity.CURVE_KEYS
 
 
 def varying(curve: dict, frame: pd.DataFrame, shown: tuple[str, ...] = ()) -> list[str]:
@@ -96,13 +67,7 @@ def usable(rows: pd.DataFrame) -> pd.DataFrame:
     is a diagnostic): within a group, comparisons are round-blocked, so a slow round moves every cell together;
     dropping it cost a third of a 3-round sweep's data and widened every interval by t(1)/z = 6.5x."""
     keep = (rows["status"] == "ok") & (rows["replicas_in_sync"] != False)  # noqa: E712
-    return with_knobs(rows[keep])
-
-
-def with_knobs(rows: pd.DataFrame) -> pd.DataFrame:
-    """`rows` with every DDP knob column (frames built before a knob existed get the value it had)."""
-    missing = {k: OLDER_ROWS.get(k) for k in [*DDP_KNOBS, "timing"] if k not in rows}
-    return rows.assign(**missing) if missing else rows
+    return identity.with_knobs(rows[keep])
 
 
 def ok_cells(rows: pd.DataFrame) -> pd.DataFrame:
@@ -129,8 +94,9 @@ def ok_cells(rows: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     out = cell_replicates(ok, CONFIG_KEYS)
     firsts = {c: "first" for c in ("tokens_per_step", "grad_bytes", "bucket_sizes_bytes") if c in ok}
-    extra = ok.groupby(CONFIG_KEYS, dropna=False).agg({"step_ms_cv": "max", **firsts}).reset_index()
-    out = out.merge(extra, on=CONFIG_KEYS, how="left")
+    extra = ok.groupby(CONFIG_KEYS, dropna=False, sort=True).agg({"step_ms_cv": "max", **firsts})
+    for column in extra.columns:  # the same groups in the same order as cell_replicates' lines
+        out[column] = extra[column].to_numpy()
     out["tokens_per_s"] = out["tokens_per_step"] / (out["step_ms"] / 1e3)
     out["samples_per_s"] = samples_per_step(out) / (out["step_ms"] / 1e3)
     return out.reindex(columns=cols)
@@ -340,7 +306,7 @@ def measured_vs_predicted(rows: pd.DataFrame, algbw_bytes_per_s: float) -> pd.Da
     if curve.empty:
         return curve
     cells = ok_cells(rows)
-    grad = cells.groupby(BASELINE_KEYS)["grad_bytes"].max().rename("grad_bytes").reset_index()
+    grad = cells.groupby(BASELINE_KEYS, dropna=False)["grad_bytes"].max().rename("grad_bytes").reset_index()
     out = curve.merge(grad, on=BASELINE_KEYS, how="left")
     out["measured_single_bucket_overhead_ms"] = out["single_bucket_overhead_ms"]
     out["predicted_allreduce_ms"] = out["grad_bytes"].map(lambda s: predicted_allreduce_ms(s, algbw_bytes_per_s))

@@ -8,10 +8,11 @@ took a server to 15.6 GB), and its interrupt is not honoured inside them. So:
   allocation with an OutOfMemoryException, a clean QueryError) and holds a hard deadline that ends the
   process with one line and exit 2 if an interrupt is not honoured;
 - the server runs every query in a child forked from a forkserver that has the query code imported (about
-  30 ms a query): the child maps the server's cached rows from Arrow IPC files (written once per snapshot),
-  builds the views it needs, runs the query under the same memory limit, and sends its result as
-  Arrow IPC of at most MAX_RESULT_BYTES; the server kills it at the deadline. A bomb costs the child, never
-  the server, and the analysis views (bootstraps) are inside the deadline too.
+  30 ms a query: run_in_child, used by results.query.query_in_child) under the same memory limit; the
+  server kills it at the deadline, and the result comes back as Arrow IPC of at most MAX_RESULT_BYTES. A bomb
+  costs the child, never the server.
+
+This module knows nothing of queries: results.query uses it.
 """
 
 from __future__ import annotations
@@ -68,53 +69,32 @@ def hard_deadline(seconds: float, on_expiry: Callable[[], None]) -> Iterator[Non
         timer.cancel()
 
 
-def _context() -> multiprocessing.context.BaseContext:
+def run_in_child(fn: Callable[..., object], args: tuple, *, timeout_s: float, preload: tuple[str, ...] = ()) -> object:
+    """`fn(*args)` in a child forked from a forkserver (that has `preload` imported) under limit_address_space;
+    its picklable result. The child is killed `GRACE_S` past `timeout_s` (QueryError), and a child that dies,
+    out of memory, is a QueryError too. `fn` must answer its own errors (a child's exception is lost)."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["results.query"])
-    return ctx
-
-
-def query_in_child(rows_ipc: str, calibration_ipc: str, sql: str, *, timeout_s: float, max_rows: int) -> pd.DataFrame:
-    """Run `sql` over the rows and calibration in the two Arrow IPC files, in a child process under the
-    limits above; the result as a DataFrame, or QueryError."""
-    ctx = _context()
+    ctx.set_forkserver_preload(list(preload))
     receive, send = ctx.Pipe(duplex=False)
-    limits = (timeout_s, max_rows, MAX_RESULT_BYTES)  # read here: the child does not share this module's state
-    child = ctx.Process(target=_child_main, args=(send, rows_ipc, calibration_ipc, sql, limits), daemon=True)
+    child = ctx.Process(target=_child_main, args=(send, fn, args), daemon=True)
     child.start()
     send.close()
     try:
         if not receive.poll(timeout_s + GRACE_S):
             raise QueryError(f"query exceeded the time limit of {timeout_s:g} s")
-        kind, payload = receive.recv()
+        return receive.recv()
     except EOFError:
         raise QueryError("query ran out of memory (its process was ended); aggregate or add a LIMIT") from None
     finally:
         child.kill()
         child.join()
         receive.close()
-    if kind == "error":
-        raise QueryError(payload)
-    return to_frame(pa.ipc.open_stream(payload).read_all())
 
 
-def _child_main(send, rows_ipc: str, calibration_ipc: str, sql: str, limits: tuple[float, int, int]) -> None:
-    from results import query as query_mod
-
-    timeout_s, max_rows, max_bytes = limits
+def _child_main(send, fn: Callable[..., object], args: tuple) -> None:
     try:
         limit_address_space()
-        rows = pa.ipc.open_file(pa.memory_map(rows_ipc)).read_all()
-        calibration = pa.ipc.open_file(pa.memory_map(calibration_ipc)).read_all().to_pandas()
-        frames = query_mod.views_of(rows, calibration, sql)
-        table = query_mod.query_arrow(sql, frames, timeout_s=timeout_s, max_rows=max_rows, max_bytes=max_bytes)
-        send.send(("ok", to_ipc(table, max_bytes)))
-    except QueryError as e:
-        send.send(("error", str(e)))
-    except MemoryError:
-        send.send(("error", "query ran out of memory; aggregate or add a LIMIT"))
-    except Exception as e:  # noqa: BLE001 — the server answers with one line, never a traceback
-        send.send(("error", query_mod.scrub(f"{type(e).__name__}: {str(e)[:300]}")))
+        send.send(fn(*args))
     finally:
         send.close()
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from results import analysis
+from results import analysis, identity
 
 # Labels come from stored values (cluster folders, spec names): drawn as plain text, never as mathtext
 # (a folder named `m$\\frac{x$` made every report a 500).
@@ -100,18 +100,20 @@ def u_curve_figure(rows: pd.DataFrame) -> Figure:
 
 
 def efficiency_figure(rows: pd.DataFrame) -> Figure:
-    """Best scaling efficiency (over buckets) against world size, a line per (cluster, gas, no_sync)."""
+    """Best scaling efficiency (over buckets) against world size, a line per configuration but its placement and
+    bucket (results.identity), labelled by what differs."""
     t = _ddp_cells(rows)
     fig, ax = _subplots(figsize=(6, 4))
     sizes = sorted({1, *t["world_size"].dropna().astype(int)})
-    for (cluster, gas, ns), grp in t.groupby(["cluster", "gas", "no_sync"]):
+    keys = identity.keys_but("world_size", "num_nodes", "bucket_cap_mb")
+    for key, grp in t.groupby(keys, dropna=False):
+        label = identity.line_label(dict(zip(keys, key, strict=True)), t, ["cluster", "gas", "no_sync"])
         grp = grp[grp["efficiency"].notna()]  # no ok baseline: no efficiency to draw
         if grp.empty:
             continue
         best = grp.loc[grp.groupby("world_size")["efficiency"].idxmax()].sort_values("world_size")
         xs = [1, *best["world_size"]]  # one rank is the baseline: 100% by definition
         pct = {k: [100.0, *(best[k] * 100)] for k in ("efficiency", "efficiency_ci_lo", "efficiency_ci_hi")}
-        label = f"{cluster} gas={gas} no_sync={bool(ns)}"
         errorbar(ax, xs, pct["efficiency"], pct["efficiency_ci_lo"], pct["efficiency_ci_hi"], label=label)
     ax.axhline(100, color="grey", linestyle="--", label="ideal")
     ax.set_xscale("log", base=2)
@@ -125,7 +127,9 @@ def no_sync_figure(rows: pd.DataFrame) -> Figure:
     """Throughput against gas with and without no_sync (best bucket), per cluster and world size."""
     t = _ddp_cells(rows)
     fig, ax = _subplots(figsize=(6, 4))
-    for (cluster, world, ns), grp in t.groupby(["cluster", "world_size", "no_sync"]):
+    keys = identity.keys_but("gas", "bucket_cap_mb")
+    for key, grp in t.groupby(keys, dropna=False):
+        label = identity.line_label(dict(zip(keys, key, strict=True)), t, ["cluster", "world_size", "no_sync"])
         best = grp.loc[grp.groupby("gas")["tokens_per_s"].idxmax()].sort_values("gas")
         tokens = best["tokens_per_step"] / 1e3  # ktokens per step; tokens/s = tokens / step time
         errorbar(
@@ -134,8 +138,8 @@ def no_sync_figure(rows: pd.DataFrame) -> Figure:
             best["tokens_per_s"] / 1e3,
             tokens / (best["step_ms_ci_hi"] / 1e3),
             tokens / (best["step_ms_ci_lo"] / 1e3),
-            fmt="-o" if ns else ":o",
-            label=f"{cluster} {world} ranks no_sync={bool(ns)}",
+            fmt="-o" if grp["no_sync"].astype(bool).any() else ":o",
+            label=label,
         )
     ax.set(
         xlabel="gradient accumulation steps (gas)", ylabel="throughput (ktokens/s)", title="no_sync under accumulation"
@@ -202,8 +206,9 @@ def overlap_figure(rows: pd.DataFrame) -> Figure:
     """Measured communication per step by bucket size, stacked: hidden behind backward vs exposed after it
     (from trace_comm rows; medians over repeats)."""
     traced = rows[(rows["status"] == "ok") & rows["comm_ms"].notna()]
-    keys = ["cluster", "world_size", "gas", "no_sync"]
-    panels = list(traced.groupby(keys))
+    keys = identity.keys_but("bucket_cap_mb")
+    traced_all = identity.with_knobs(traced)
+    panels = list(traced_all.groupby(keys, dropna=False))
     fig, axes = _subplots(1, max(1, len(panels)), figsize=(5.5 * max(1, len(panels)), 3.8), squeeze=False)
     for ax, (key, grp) in zip(axes[0], panels, strict=False):
         by = grp.groupby("bucket_cap_mb")[["comm_ms", "comm_exposed_ms"]].median().sort_index()
@@ -213,7 +218,7 @@ def overlap_figure(rows: pd.DataFrame) -> Figure:
         ax.set(
             xlabel="bucket_cap_mb",
             ylabel="communication per step (ms)",
-            title=f"{key[0]}: {key[1]} ranks gas={key[2]} no_sync={bool(key[3])}",
+            title=identity.line_label(dict(zip(keys, key, strict=True)), traced_all, ["cluster", "world_size", "gas"]),
         )
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -226,9 +231,10 @@ def scaling_figure(table: pd.DataFrame) -> Figure:
     from results import scaling
 
     fig, (tput, eff) = _subplots(1, 2, figsize=(11, 4.2))
-    for key, series in table.groupby(["cluster", "gas", "no_sync", "bucket_cap_mb"], dropna=False):
-        cluster, gas, no_sync, bucket = key
-        name = f"{cluster} gas={gas}{' no_sync' if no_sync else ''} {bucket:g} MB"
+    shown = ["cluster", "gas", "no_sync", "bucket_cap_mb"]
+    named = [*shown, *(k for k in identity.varying(table, scaling.SERIES) if k not in shown)]
+    for key, series in table.groupby(scaling.SERIES, dropna=False):
+        name = identity.labels(dict(zip(scaling.SERIES, key, strict=True)), named)
         for label, line in scaling.lines(series).items():
             line = line.sort_values("world_size")
             color = errorbar(

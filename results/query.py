@@ -251,6 +251,35 @@ def query(
     return isolation.to_frame(table)
 
 
+def query_in_child(rows_ipc: str, calibration_ipc: str, sql: str, *, timeout_s: float, max_rows: int) -> pd.DataFrame:
+    """Run `sql` over the rows and calibration in the two Arrow IPC files in a child process under
+    results.isolation's limits (the child maps the server's cached rows and builds the views it needs, so the
+    analysis views' bootstraps are inside the deadline too); the result as a DataFrame, or QueryError."""
+    args = (rows_ipc, calibration_ipc, sql, timeout_s, max_rows, isolation.MAX_RESULT_BYTES)
+    kind, payload = isolation.run_in_child(_query_in_child, args, timeout_s=timeout_s, preload=("results.query",))
+    if kind == "error":
+        raise QueryError(payload)
+    return isolation.to_frame(pa.ipc.open_stream(payload).read_all())
+
+
+def _query_in_child(
+    rows_ipc: str, calibration_ipc: str, sql: str, timeout_s: float, max_rows: int, max_bytes: int
+) -> tuple[str, object]:
+    """The child's part: ("ok", Arrow IPC bytes) or ("error", one line)."""
+    try:
+        rows = pa.ipc.open_file(pa.memory_map(rows_ipc)).read_all()
+        calibration = pa.ipc.open_file(pa.memory_map(calibration_ipc)).read_all().to_pandas()
+        frames = views_of(rows, calibration, sql)
+        table = query_arrow(sql, frames, timeout_s=timeout_s, max_rows=max_rows, max_bytes=max_bytes)
+        return "ok", isolation.to_ipc(table, max_bytes)
+    except QueryError as e:
+        return "error", str(e)
+    except MemoryError:
+        return "error", "query ran out of memory; aggregate or add a LIMIT"
+    except Exception as e:  # noqa: BLE001 — the server answers with one line, never a traceback
+        return "error", scrub(f"{type(e).__name__}: {str(e)[:300]}")
+
+
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 

@@ -24,14 +24,13 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
+from results import identity
 from results.uncertainty import cell_replicates, interval
 
 ALPHA = 0.05  # the chance a race drops a cell that is not slower by more than its tolerance
 RACE_BOOT = 2000  # replicates per look (the bound is normal on their log ratios)
-# A curve inside one group: every knob but the bucket (analysis.CURVE_KEYS, less what a group shares)
-CURVE_IN_GROUP = ["world_size", "num_nodes", "gas", "no_sync", "gradient_as_bucket_view", "mode", "comm_hook"]
-CURVE_IN_GROUP += ["powersgd_rank"]
-CURVE_IN_GROUP += ["first_bucket_mb", "static_graph", "broadcast_buffers", "timing"]
+# A curve inside one group: every knob but the bucket (results.identity.CURVE_KEYS, less cluster and sweep)
+CURVE_IN_GROUP = [k for k in identity.CURVE_KEYS if k not in ("cluster", "sweep_id")]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,29 +12,28 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from results import analysis
+from results import analysis, identity
 from results.uncertainty import interval
 
-DEFAULTS = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": False, "no_sync": False}  # PyTorch's DDP defaults
-# The other knobs at PyTorch's defaults (what a default cell must also have)
-DEFAULT_KNOBS = {"comm_hook": "none", "static_graph": False, "broadcast_buffers": True, "env_grid": "{}"}
-CURVE = [
-    "cluster",
-    "sweep_id",
-    "model",
-    "micro_batch",
-    "seq_len",
-    "timing",
-    "world_size",
-    "num_nodes",
-    "gas",
-    "backend",
-]
-KNOBS = ["bucket_cap_mb", "gradient_as_bucket_view", "no_sync"]
+DEFAULTS = identity.PYTORCH_DEFAULTS  # PyTorch's own value of every knob a user chooses (trainers.knobs)
+TRIO = ("bucket_cap_mb", "gradient_as_bucket_view", "no_sync")  # the knobs the default cell is looked up by
+# One curve: the configuration less the knobs a user chooses (those are what recommend chooses among)
+CURVE = [k for k in identity.CONFIG_KEYS if k not in DEFAULTS]
+MIN_ROUNDS = 3  # a round-blocked interval over 2 rounds is widened t(1)/z = 6.5x: too wide to decide anything
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What recommend says of a curve: the sentence, and the configuration it recommends."""
+
+    text: str
+    recommended: dict
 
 
 def recommend(rows: pd.DataFrame) -> list[dict]:
@@ -63,36 +62,51 @@ def _curve(curve: dict, grp: pd.DataFrame, env: dict[str, str]) -> dict:
         "default_note": default_note,
     }
     out |= _gain(best, default) | _resolution(grp, best)
-    out["verdict"], out["recommended"] = _verdict(out, best, default)
-    out["verdict"], out["recommended"] = _exact_unless_separated(out, grp, best)
+    verdict = _exact_unless_separated(_verdict(out, best, default), out, grp, best)
+    if default is not None and 1 < out["n_repeats"] < MIN_ROUNDS:
+        verdict = _too_few_rounds(out, best, default)
+    out["verdict"], out["recommended"] = verdict.text, verdict.recommended
     out["changes_numerics"] = out["recommended"]["comm_hook"] != "none"
-    out["snippet"] = snippet(out["recommended"], int(curve["gas"]), env | json.loads(out["recommended"]["env_grid"]))
+    env = env | json.loads(out["recommended"]["env_grid"])
+    out["snippet"] = snippet(out["recommended"], int(curve["gas"]), env, cuda=curve.get("device_type") == "cuda")
     return out
 
 
+def _too_few_rounds(out: dict, best: pd.Series, default: pd.Series) -> Verdict:
+    """Two rounds: the interval between rounds means nothing yet; say how many to run, print no interval."""
+    out.update(gain_ci_lo=None, gain_ci_hi=None, min_resolvable_rel=None, rounds_for_target=None)
+    text = (
+        f"{out['n_repeats']} rounds are too few to tell configurations apart (an interval between rounds needs "
+        f"at least {MIN_ROUNDS}): run repeats: {MIN_ROUNDS} or more; the defaults stay until then "
+        f"(best measured so far: {_describe(_config(best))})"
+    )
+    return Verdict(text, _config(default))
+
+
 def _at_default_knobs(grp: pd.DataFrame) -> pd.DataFrame:
-    """The cells whose hook, graph, buffers, first bucket and environment are PyTorch's defaults."""
-    keep = grp["first_bucket_mb"].isna()
-    for k, v in DEFAULT_KNOBS.items():
-        keep &= grp[k] == v
+    """The cells whose chosen knobs other than bucket, bucket view and no_sync are PyTorch's defaults."""
+    keep = pd.Series(True, index=grp.index)
+    for k, v in DEFAULTS.items():
+        if k not in TRIO:
+            keep &= grp[k].isna() if v is None else grp[k] == v
     return grp[keep]
 
 
-def _exact_unless_separated(out: dict, grp: pd.DataFrame, best: pd.Series) -> tuple[str, dict]:
+def _exact_unless_separated(verdict: Verdict, out: dict, grp: pd.DataFrame, best: pd.Series) -> Verdict:
     """A compressing hook changes the numerics: it is recommended only when its interval is clear of the best
     exact configuration's; otherwise the exact one is, and the verdict says why."""
-    chosen = out["recommended"]
+    chosen = verdict.recommended
     if chosen["comm_hook"] == "none":
-        return out["verdict"], chosen
+        return verdict
     exact = grp[grp["comm_hook"] == "none"]
     lossy = f"{_describe(chosen)} compresses gradients ({_compression(chosen)}) and changes the numerics"
     if exact.empty:
-        return f"{out['verdict']}; note: {lossy} (the sweep measured no exact configuration)", chosen
+        return Verdict(f"{verdict.text}; note: {lossy} (the sweep measured no exact configuration)", chosen)
     best_exact = exact.loc[exact["step_ms"].idxmin()]
     if analysis.same_as(best_exact, best):
         why = f"the best measured, {lossy}, and cannot be told apart from the best exact one"
-        return f"use {_describe(_config(best_exact))}: {why}", _config(best_exact)
-    return f"{out['verdict']}; note: {lossy}: check convergence before adopting it", chosen
+        return Verdict(f"use {_describe(_config(best_exact))}: {why}", _config(best_exact))
+    return Verdict(f"{verdict.text}; note: {lossy}: check convergence before adopting it", chosen)
 
 
 def _compression(cfg: dict) -> str:
@@ -123,17 +137,17 @@ def _gain(best: pd.Series, default: pd.Series | None) -> dict:
     return {"gain": default["step_ms"] / best["step_ms"] - 1, "gain_ci_lo": _num(lo), "gain_ci_hi": _num(hi)}
 
 
-def _verdict(out: dict, best: pd.Series, default: pd.Series | None) -> tuple[str, dict]:
+def _verdict(out: dict, best: pd.Series, default: pd.Series | None) -> Verdict:
     cfg, g = _config(best), out
     if default is None:
-        return f"best measured: {_describe(cfg)}; the sweep has no default cell to compare it with", cfg
+        return Verdict(f"best measured: {_describe(cfg)}; the sweep has no default cell to compare it with", cfg)
     if _config(default) == cfg:
         which = (
             "PyTorch's defaults are"
             if out["default_note"].startswith("PyTorch")
             else "the cell closest to PyTorch's defaults is"
         )
-        return f"{which} the best measured configuration: keep the defaults", cfg
+        return Verdict(f"{which} the best measured configuration: keep the defaults", cfg)
     if g["gain_ci_lo"] is None or not g["gain_ci_lo"] > 0:
         shown = (
             ""
@@ -144,8 +158,8 @@ def _verdict(out: dict, best: pd.Series, default: pd.Series | None) -> tuple[str
             f"The intervals cannot separate the best configuration ({_describe(cfg)}) from the defaults{shown}: "
             f"keep the defaults, or measure more rounds{_more_rounds(out)}"
         )
-        return text, _config(default)
-    return f"use {_describe(cfg)}: {_gain_text(g)} throughput over the defaults", cfg
+        return Verdict(text, _config(default))
+    return Verdict(f"use {_describe(cfg)}: {_gain_text(g)} throughput over the defaults", cfg)
 
 
 def _resolution(grp: pd.DataFrame, best: pd.Series) -> dict:
@@ -167,16 +181,25 @@ def _gain_text(g: dict) -> str:
     return f"{_pct(g['gain'])} [{_pct(g['gain_ci_lo'])}, {_pct(g['gain_ci_hi'])}]"
 
 
-def snippet(cfg: dict, gas: int, env: dict[str, str]) -> str:
-    """The code to paste: DDP's keyword arguments, the no_sync pattern where it wins, environment variables."""
-    lines = [f"export {k}={v}" for k, v in sorted(env.items())]
+def snippet(cfg: dict, gas: int, env: dict[str, str], *, cuda: bool = True) -> str:
+    """The code to paste: DDP's keyword arguments (device_ids only on CUDA: DDP must not get them on CPU), the
+    no_sync pattern where it wins, environment variables (shell-quoted: pasting runs nothing)."""
+    lines = [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(env.items())]
     if lines:
         lines.append("")
-    kwargs = f"bucket_cap_mb={cfg['bucket_cap_mb']:g}, gradient_as_bucket_view={bool(cfg['gradient_as_bucket_view'])}"
-    kwargs += "".join(f", {k}={cfg[k]}" for k in ("static_graph", "broadcast_buffers") if cfg[k] != DEFAULT_KNOBS[k])
+    kwargs = ["device_ids=[local_rank]"] if cuda else []
+    kwargs += [
+        f"bucket_cap_mb={cfg['bucket_cap_mb']:g}",
+        f"gradient_as_bucket_view={bool(cfg['gradient_as_bucket_view'])}",
+    ]
+    kwargs += [
+        f"{k.ddp_kwarg}={cfg[k.name]!r}"
+        for k in identity.CHOSEN
+        if k.ddp_kwarg and k.name not in TRIO and cfg[k.name] != k.pytorch_default
+    ]
     if cfg["first_bucket_mb"] is not None:  # PyTorch 2.13: per-bucket caps, the first one smaller
-        kwargs += f", bucket_cap_mb_list=[{cfg['first_bucket_mb']:g}, {cfg['bucket_cap_mb']:g}]"
-    lines.append(f"model = DistributedDataParallel(model, device_ids=[local_rank], {kwargs})")
+        kwargs.append(f"bucket_cap_mb_list=[{cfg['first_bucket_mb']:g}, {cfg['bucket_cap_mb']:g}]")
+    lines.append(f"model = DistributedDataParallel(model, {', '.join(kwargs)})")
     lines += _hook_lines(cfg)
     if cfg["no_sync"] and gas > 1:
         lines += [
@@ -228,18 +251,15 @@ def _envs(rows: pd.DataFrame) -> dict[tuple[str, str], dict[str, str]]:
 
 
 def _config(r: pd.Series) -> dict:
-    first = r.get("first_bucket_mb")
-    return {
-        "bucket_cap_mb": float(r["bucket_cap_mb"]),
-        "gradient_as_bucket_view": bool(r["gradient_as_bucket_view"]),
-        "no_sync": bool(r["no_sync"]),
-        "comm_hook": str(r.get("comm_hook", "none")),
-        "powersgd_rank": int(r.get("powersgd_rank", 1)),
-        "first_bucket_mb": None if first is None or pd.isna(first) else float(first),
-        "static_graph": bool(r.get("static_graph", False)),
-        "broadcast_buffers": bool(r.get("broadcast_buffers", True)),
-        "env_grid": str(r.get("env_grid", "{}")),
-    }
+    """The knobs a user chooses (results.identity.CHOSEN), as plain values."""
+    return {k.name: _value(k.kind, r.get(k.name, k.pytorch_default)) for k in identity.CHOSEN}
+
+
+def _value(kind: str, v: object) -> object:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    casts = {"bool": bool, "int": int, "float": float}
+    return casts.get(kind, str)(v)
 
 
 def _timing(r: pd.Series) -> dict:
@@ -263,10 +283,14 @@ def _timing(r: pd.Series) -> dict:
     return out
 
 
+SPELLED = {"bucket_cap_mb", "gradient_as_bucket_view", "no_sync", "comm_hook", "powersgd_rank", "first_bucket_mb"}
+SPELLED |= {"env_grid", "powersgd_start_iter"}  # knobs _describe words itself; every other one reads k=v
+
+
 def _describe(cfg: dict) -> str:
     sync = ", no_sync() on all but the last micro-step" if cfg["no_sync"] else ""
     text = f"bucket_cap_mb={cfg['bucket_cap_mb']:g}, gradient_as_bucket_view={cfg['gradient_as_bucket_view']}"
-    extra = [f"{k}={cfg[k]}" for k in ("static_graph", "broadcast_buffers") if cfg[k] != DEFAULT_KNOBS[k]]
+    extra = [f"{k}={cfg[k]}" for k, default in DEFAULTS.items() if k not in SPELLED and cfg[k] != default]
     if cfg["first_bucket_mb"] is not None:
         extra.append(f"first bucket {cfg['first_bucket_mb']:g} MB")
     if cfg["comm_hook"] != "none":

@@ -15,7 +15,7 @@ import pandas as pd
 from markupsafe import Markup
 from matplotlib.figure import Figure
 
-from results import analysis, plots, recommend, scaling
+from results import analysis, identity, plots, recommend, scaling
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
@@ -103,10 +103,11 @@ def _write_pngs(
 
 
 def _table(df: pd.DataFrame, columns: list[str]) -> Table | None:
-    """The named columns that `df` has, each value as text (None: no rows)."""
+    """The named columns that `df` has, and every knob that varies in it (results.identity.with_varying), each
+    value as text (None: no rows)."""
     if df.empty:
         return None
-    cols = [c for c in columns if c in df.columns]
+    cols = [c for c in identity.with_varying(columns, df) if c in df.columns]
     return Table(cols, [[_text(v) for v in row] for row in df[cols].itertuples(index=False)])
 
 

@@ -1,6 +1,7 @@
 """The scaling report: throughput and strong-scaling efficiency by topology, and where scaling breaks.
 
-For each series — one (cluster, sweep, model, micro-batch, gas, no_sync, bucket) — every topology
+For each series — one configuration but its placement (every knob of trainers.knobs but world size and nodes) —
+every topology
 (nodes x workers per node) measured with it: tokens/s and scaling efficiency, each with its 95% interval
 (propagated from the step-time bootstrap, results.analysis), the communication share of the step
 (exposed communication / step), and where the sweep calibrated, the all-reduce bus bandwidth that
@@ -20,18 +21,8 @@ import pandas as pd
 from results import analysis
 from results.uncertainty import interval
 
-SERIES = [
-    "cluster",
-    "sweep_id",
-    "model",
-    "micro_batch",
-    "seq_len",
-    "gas",
-    "no_sync",
-    "bucket_cap_mb",
-    "gradient_as_bucket_view",
-    "backend",
-]
+SERIES = [k for k in analysis.CONFIG_KEYS if k not in ("world_size", "num_nodes")]
+"""One scaling series: every knob but the placement (a hook, timing or environment is a series of its own)."""
 KNEE_DROP = 0.10  # per-rank throughput must fall by at least 10% (the whole interval) to be the knee
 
 

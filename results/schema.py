@@ -6,6 +6,8 @@ import math
 
 import pyarrow as pa
 
+from trainers.knobs import BY_NAME, KNOBS, STEP_KNOBS, UNSET, Knob
+
 _TS = pa.timestamp("us", tz="UTC")
 
 IDENTITY = [
@@ -20,39 +22,21 @@ IDENTITY = [
     pa.field("finished_at", _TS),
 ]
 
-# The step's configuration: exactly trainers.config.StepConfig's fields (a test holds them together).
-CONFIGURATION = [
-    pa.field("model", pa.string()),  # preset name, or the workload's import path
-    pa.field("workload", pa.string()),  # a user workload's import path; null for presets
-    pa.field("workload_args", pa.string()),  # its factory's arguments, canonical JSON
-    pa.field("workload_fingerprint", pa.string()),  # hash of parameter names, shapes, dtypes (null: older rows)
-    pa.field("mode", pa.string()),  # single | ddp | naive
-    pa.field("micro_batch", pa.int32()),
-    pa.field("seq_len", pa.int32()),
-    pa.field("gas", pa.int32()),
-    pa.field("no_sync", pa.bool_()),
-    pa.field("bucket_cap_mb", pa.float64()),  # null outside ddp
-    pa.field("gradient_as_bucket_view", pa.bool_()),  # null outside ddp
-    pa.field("warmup_steps", pa.int32()),
-    pa.field("timed_steps", pa.int32()),  # fixed: the steps; adaptive: the batch size
-    pa.field("target_rel_ci", pa.float64()),  # adaptive timing's target (±fraction); null: fixed steps
-    pa.field("max_timed_steps", pa.int32()),
-    pa.field("max_cell_s", pa.float64()),
-    pa.field("trace_comm", pa.bool_()),  # per-bucket communication timeline recorded (ddp only)
-    pa.field("seed", pa.int64()),
-    pa.field("comm_hook", pa.string()),  # none | fp16 | bf16 | powersgd (null: rows from before hooks = none)
-    pa.field("powersgd_rank", pa.int32()),  # powersgd's matrix_approximation_rank (1 otherwise)
-    pa.field("powersgd_start_iter", pa.int32()),  # synchronized steps before compression starts
-    pa.field("first_bucket_mb", pa.float64()),  # DDP's first bucket cap; null: PyTorch's default
-    pa.field("static_graph", pa.bool_()),
-    pa.field("broadcast_buffers", pa.bool_()),
-    pa.field("timing", pa.string()),  # sync | events | loop: how the cell asked its steps to be timed
-]
+_TYPES = {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64(), "float64": pa.float64(), "bool": pa.bool_()}
+
+
+def _knob_column(knob: Knob) -> pa.Field:
+    """A knob's column (trainers.knobs: its name and Arrow type)."""
+    return pa.field(knob.name, _TYPES[knob.column_type])
+
+
+# The step's configuration: one column per knob of StepConfig (trainers.knobs.STEP_KNOBS), in its order.
+CONFIGURATION = [_knob_column(k) for k in STEP_KNOBS]
 
 # Where and how the cell ran: its placement, and how the sweep scheduled it.
 PLACEMENT = [
-    pa.field("world_size", pa.int32()),
-    pa.field("num_nodes", pa.int32()),
+    _knob_column(BY_NAME["world_size"]),
+    _knob_column(BY_NAME["num_nodes"]),
     pa.field("workers_per_node", pa.int32()),
     pa.field("tokens_per_step", pa.int64()),  # global: all ranks, all micro-steps
     pa.field("cpus_per_worker", pa.float64()),
@@ -61,7 +45,7 @@ PLACEMENT = [
     pa.field("ranks", pa.list_(pa.int32())),  # the host group's ranks that measured the cell
     pa.field("rank_nodes", pa.list_(pa.string())),  # the Ray node IP of each of the cell's ranks, in rank order
     pa.field("workers_per_node_observed", pa.int32()),  # the most ranks any node held (= workers_per_node if right)
-    pa.field("env_grid", pa.string()),  # JSON: the cell's env_grid values (its worker group's variables); {}: none
+    _knob_column(BY_NAME["env_grid"]),  # JSON: the cell's env_grid values (its worker group's variables); {}: none
     pa.field("grad_compression", pa.string()),  # none | fp16 | bf16 | powersgd-rank-N: lossy unless none
     pa.field("isolation", pa.string()),  # group | cell
     pa.field("group_id", pa.string()),
@@ -81,7 +65,7 @@ PLACEMENT = [
 
 # What the worker measured: exactly trainers.config.Measurement's fields, plus the trial's wall time.
 MEASUREMENT = [
-    pa.field("backend", pa.string()),  # as run: nccl | gloo | none (single)
+    _knob_column(BY_NAME["backend"]),  # as run: nccl | gloo | none (single)
     pa.field("device_type", pa.string()),
     pa.field("n_params", pa.int64()),
     pa.field("grad_bytes", pa.int64()),  # bytes
@@ -131,21 +115,13 @@ FINGERPRINT = [
 
 SCHEMA = pa.schema(IDENTITY + CONFIGURATION + PLACEMENT + MEASUREMENT + FINGERPRINT)
 COLUMNS = SCHEMA.names
-STATUSES = ("ok", "error")
 
 
 # Columns added after rows were first stored, with the value every older row had: filled in on read, so
-# an old row and a new one of the same configuration compare and group as one.
-OLDER_ROWS = {
-    "comm_hook": "none",
-    "powersgd_rank": 1,
-    "powersgd_start_iter": 2,
-    "static_graph": False,
-    "broadcast_buffers": True,
-    "env_grid": "{}",
+# an old row and a new one of the same configuration compare and group as one (the knobs' from trainers.knobs).
+OLDER_ROWS = {k.name: k.older_rows for k in KNOBS if k.older_rows is not UNSET} | {
     "grad_compression": "none",
     "search": "grid",
-    "timing": "sync",
     "timing_used": "sync",
 }
 

@@ -23,7 +23,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from results import compare as compare_mod
-from results import isolation
 from results import query as query_mod
 from results import recommend as recommend_mod
 from results.cache import ANALYSIS_MAX_ROWS, DOWNLOAD_MAX_ROWS, STORE_MAX_ROWS, CachedStore
@@ -162,7 +161,7 @@ def _cached_query(cache: CachedStore, sql: str) -> pd.DataFrame:
     if cache.table().num_rows == 0 and cache.calibration().empty:
         raise StoreNotFound(f"no results under {cache.root!r}: run a sweep first")
     rows_ipc, calibration_ipc = cache.ipc_files()
-    return isolation.query_in_child(
+    return query_mod.query_in_child(
         rows_ipc, calibration_ipc, sql, timeout_s=query_mod.QUERY_TIMEOUT_S, max_rows=query_mod.MAX_RESULT_ROWS
     )
 

@@ -18,7 +18,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from results import analysis, recommend, scaling
+from results import analysis, identity, recommend, scaling
 from results import compare as compare_mod
 from results.cache import ANALYSIS_MAX_ROWS, CachedStore
 from service import jobs
@@ -175,9 +175,14 @@ def _points(frame: pd.DataFrame, x: str, y: str) -> list[Point]:
 def scaling_section(rows: pd.DataFrame, calibration: pd.DataFrame) -> list[str]:
     """Efficiency vs world size, a line per placement line (one node / W per node), and the knee table."""
     table = scaling.scaling(rows, calibration)
+    shown = ["gas", "no_sync", "bucket_cap_mb"]
+    named = [*shown, *(k for k in identity.varying(table, scaling.SERIES) if k not in shown)]
     series = [
-        Series(f"gas={k[0]}{' no_sync' if k[1] else ''} {k[2]:g}MB {label}", _points(line, "world_size", "efficiency"))
-        for k, grp in table.groupby(["gas", "no_sync", "bucket_cap_mb"])
+        Series(
+            f"{identity.labels(dict(zip(scaling.SERIES, k, strict=True)), named)} {label}",
+            _points(line, "world_size", "efficiency"),
+        )
+        for k, grp in table.groupby(scaling.SERIES, dropna=False)
         for label, line in scaling.lines(grp).items()
     ]
     chart = line_chart(
@@ -219,7 +224,8 @@ def recommendation_section(rows: pd.DataFrame) -> str:
 
 
 def _table(df: pd.DataFrame, columns: list[str], table_id: str) -> str:
-    cols = [c for c in columns if c in df.columns]
+    """The named columns, and every knob that varies in `df` (two lines never look alike)."""
+    cols = [c for c in identity.with_varying(columns, df) if c in df.columns]
     rows = [[_cell(r[c]) for c in cols] for _, r in df.iterrows()]
     return TEMPLATES.get_template("table.html").render(table_id=table_id, columns=cols, rows=rows)
 
@@ -359,25 +365,8 @@ def compare_page(cache: CachedStore, a: str | None, b: str | None, by: str = "cl
         y_label="step ms (median, 95% interval)",
         chart_id="compare_curves",
     )
-    table = _table(
-        compare_mod.compare(rows, a, b),
-        [
-            "mode",
-            "world_size",
-            "gas",
-            "no_sync",
-            "bucket_cap_mb",
-            f"step_ms_{a}",
-            f"step_ms_{b}",
-            "ratio",
-            "ratio_ci_lo",
-            "ratio_ci_hi",
-            "verdict",
-            "comparable",
-            "why",
-        ],
-        "comparison",
-    )
+    compared = compare_mod.compare(rows, a, b)
+    table = _table(compared, list(compared.columns), "comparison")
     return page(f"compare {a} vs {b}", form + chart + "<h2>Cell by cell (b / a)</h2>" + table)
 
 

@@ -16,24 +16,7 @@ from itertools import product
 from sweeps.spec import SpecError, SweepSpec
 from trainers.config import StepConfig, canonical_args
 from trainers.errors import ConfigError
-
-# StepConfig fields newer than the first cell ids: hashed only when they differ from their defaults
-ADDED_LATER = (
-    "seed",
-    "target_rel_ci",
-    "max_timed_steps",
-    "max_cell_s",
-    "trace_comm",
-    "workload",
-    "workload_args",
-    "comm_hook",
-    "powersgd_rank",
-    "powersgd_start_iter",
-    "first_bucket_mb",
-    "static_graph",
-    "broadcast_buffers",
-    "timing",
-)
+from trainers.knobs import CHANGED, GRID_AXES, KNOBS, SPEC_SETTINGS, USER_WORKLOAD
 
 
 def _digest(data: object, n: int = 12) -> str:
@@ -64,18 +47,18 @@ class Cell:
     def cell_id(self) -> str:
         """Stable hash of the configuration: the same cell always gets the same id.
 
-        The hash is over the flat configuration (step fields and placement side by side) as ddpsweep
-        first stored it, so ids of stored sweeps stay valid: fields added since join it only when they
-        differ from their defaults.
+        The hash is over the flat configuration (every knob of trainers.knobs) as ddpsweep first stored it,
+        so ids of stored sweeps stay valid: knobs added since (`hashed: changed`) join it only when they
+        differ from their defaults, the fingerprint only for user workloads (`Knob.hashed`).
         """
         flat = asdict(self.step) | {"world_size": self.world_size, "num_nodes": self.num_nodes, "backend": self.backend}
-        for name in ADDED_LATER:
-            if flat[name] == getattr(StepConfig, name):
-                del flat[name]
-        if self.step.workload is None:  # a preset's name fixes its shapes: its cells hash as they always did
-            del flat["workload_fingerprint"]
-        if self.env != "{}":
-            flat["env"] = self.env
+        flat["env_grid"] = self.env
+        for knob in KNOBS:
+            unchanged = knob.hashed == CHANGED and flat[knob.name] == knob.default
+            if unchanged or (knob.hashed == USER_WORKLOAD and self.step.workload is None):
+                del flat[knob.name]
+        if "env_grid" in flat:  # hashed under the name it first had
+            flat["env"] = flat.pop("env_grid")
         return _digest(flat)
 
     @property
@@ -172,18 +155,9 @@ def _cell(
     what: dict,
     **step,
 ) -> Cell:
+    settings = {k.name: getattr(spec, k.name) for k in SPEC_SETTINGS} | what  # a workload's seq_len is its own
     try:
-        cfg = StepConfig(
-            **what,
-            mode=mode,
-            micro_batch=spec.micro_batch,
-            gas=gas,
-            warmup_steps=spec.warmup_steps,
-            trace_comm=spec.trace_comm,
-            powersgd_start_iter=spec.powersgd_start_iter,
-            **_timed_steps(spec),
-            **step,
-        )
+        cfg = StepConfig(**settings, mode=mode, gas=gas, **_timed_steps(spec), **step)
     except ConfigError as e:
         raise SpecError(e.field, e.value, e.allowed) from None
     return Cell(step=cfg, world_size=world_size, num_nodes=num_nodes, backend=spec.backend, env=env)
@@ -198,21 +172,17 @@ def env_combinations(spec: SweepSpec) -> list[str]:
 
 
 def _ddp_knobs(spec: SweepSpec) -> list[dict]:
-    """The DDP wrapper's settings crossed: buckets, bucket view, hook (and PowerSGD's rank), first bucket,
-    static_graph, broadcast_buffers."""
-    axes = product(
-        spec.gradient_as_bucket_view,
-        spec.bucket_cap_mb,
-        spec.comm_hook,
-        spec.powersgd_rank,
-        spec.first_bucket_mb,
-        spec.static_graph,
-        spec.broadcast_buffers,
-    )
-    names = ("gradient_as_bucket_view", "bucket_cap_mb", "comm_hook", "powersgd_rank", "first_bucket_mb")
-    names += ("static_graph", "broadcast_buffers")
-    # a rank crossed with another hook normalizes to 1 (StepConfig) and expand's dedupe by cell id drops it
-    return [dict(zip(names, values, strict=True)) | {"bucket_cap_mb": float(values[1])} for values in axes]
+    """The DDP wrapper's axes crossed (trainers.knobs.GRID_AXES: buckets, bucket view, hook and PowerSGD's rank,
+    first bucket, DDP's flags). A value crossed where it does not apply (a rank with another hook) normalizes
+    away in StepConfig, and expand's dedupe by cell id drops the copy."""
+    combos = product(*(getattr(spec, k.name) for k in GRID_AXES))
+    return [
+        dict(zip((k.name for k in GRID_AXES), values, strict=True)) | {"bucket_cap_mb": float(values[_BUCKET])}
+        for values in combos
+    ]
+
+
+_BUCKET = [k.name for k in GRID_AXES].index("bucket_cap_mb")
 
 
 def expand(spec: SweepSpec) -> list[Cell]:

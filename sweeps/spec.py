@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, make_dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +17,7 @@ from sweeps.speccheck import (
     BF16_ON_CPU,
     ISOLATIONS,
     LISTS,
+    MAX_AXIS_VALUES,
     MAX_MEASUREMENTS,
     PLACEMENTS,
     RANGES,
@@ -32,18 +33,38 @@ from sweeps.speccheck import (
     parse_topology,
     validate_env,
     validate_env_grid,
-    validate_first_bucket,
     validate_results,
     validate_topology,
 )
 from trainers.config import StepConfig, canonical_args
 from trainers.errors import ConfigError
+from trainers.knobs import SPEC_AXES, SPEC_SETTINGS, Knob, check
 from trainers.presets import PRESETS
 
 
+def _knob_field(knob: Knob, axis: bool) -> tuple[str, Any, Any]:
+    """A spec field for a knob of the table: a list of values (an axis) or one value (a setting)."""
+    meta = {"doc": ("Grid: " if axis else "") + knob.doc, "knob": knob}
+    if axis:
+        return knob.name, Any, field(default_factory=lambda: [knob.default], metadata=meta)
+    return knob.name, Any, field(default=knob.default, metadata=meta)
+
+
+# The knobs' fields of the spec (trainers.knobs: every `axis` a list, every `setting` one value)
+_SpecKnobs = make_dataclass(
+    "_SpecKnobs",
+    [_knob_field(k, True) for k in SPEC_AXES] + [_knob_field(k, False) for k in SPEC_SETTINGS],
+    frozen=True,
+    kw_only=True,
+)
+
+
 @dataclass(frozen=True, kw_only=True)
-class SweepSpec:
-    """A sweep: fixed settings plus grid axes (lists). See sweeps/specs/*.yaml for examples."""
+class SweepSpec(_SpecKnobs):
+    """A sweep: fixed settings plus grid axes (lists). See sweeps/specs/*.yaml for examples.
+
+    Besides the fields below, every knob of `trainers.knobs` the spec declares is a field: an `axis` as a
+    list of values (bucket_cap_mb, gas, no_sync, comm_hook, …), a `setting` as one value (micro_batch, …)."""
 
     name: str
     """Sweep name (a label: letters, digits, '_', '.', '-')."""
@@ -56,12 +77,6 @@ class SweepSpec:
     result gives `model`, `make_batch`, `loss` and optionally `tokens_per_sample`."""
     workload_args: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the workload's factory (JSON values)."""
-    micro_batch: int = 8
-    """Sequences per rank per micro-step."""
-    seq_len: int = 64
-    """Tokens per sequence."""
-    warmup_steps: int = 3
-    """Untimed optimizer steps per cell."""
     timed_steps: int | str = 10
     """Timed optimizer steps per cell, or `auto`: step until the median's 95% interval is within
     ±target_rel_ci (or max_timed_steps / max_cell_s is reached); the row records the steps and whether
@@ -79,33 +94,8 @@ class SweepSpec:
     """Grid (without `topology`): total DDP ranks (world size), crossed with `nodes`."""
     nodes: list[int] = field(default_factory=lambda: [1])
     """Grid (without `topology`): nodes the ranks are spread over (only counts dividing `workers` evenly)."""
-    bucket_cap_mb: list[float] = field(default_factory=lambda: [25.0])
-    """Grid: DDP bucket capacity in MB."""
-    gas: list[int] = field(default_factory=lambda: [1])
-    """Grid: gradient-accumulation micro-steps."""
-    no_sync: list[bool] = field(default_factory=lambda: [False])
-    """Grid: use DDP's no_sync() on the first gas-1 micro-steps."""
-    gradient_as_bucket_view: list[bool] = field(default_factory=lambda: [True])
-    """Grid: DDP's gradient_as_bucket_view."""
     modes: list[str] = field(default_factory=lambda: ["ddp"])
     """Grid: `ddp` and optionally `naive` (the single baseline is always added)."""
-    comm_hook: list[str] = field(default_factory=lambda: ["none"])
-    """Grid: DDP communication hook, `none`, `fp16`, `bf16` (CUDA + NCCL only) or `powersgd`. Every hook but
-    `none` changes the numerics: rows say so in `grad_compression`, and `recommend` marks it."""
-    powersgd_rank: list[int] = field(default_factory=lambda: [1])
-    """Grid: PowerSGD's matrix_approximation_rank (only crossed with `powersgd`)."""
-    powersgd_start_iter: int = 2
-    """PowerSGD: synchronized steps of plain all-reduce before compression (>= 2, <= warmup_steps)."""
-    first_bucket_mb: list[float | None] = field(default_factory=lambda: [None])
-    """Grid: DDP's first bucket in MB (null: PyTorch's default), given to DDP as per-bucket caps."""
-    static_graph: list[bool] = field(default_factory=lambda: [False])
-    """Grid: DDP's static_graph."""
-    broadcast_buffers: list[bool] = field(default_factory=lambda: [True])
-    """Grid: DDP's broadcast_buffers."""
-    timing: list[str] = field(default_factory=lambda: ["sync"])
-    """Grid: how timed steps are timed, `sync`, `events` (CUDA events, no host sync between steps; sync on CPU)
-    or `loop` (one interval over all timed steps: the mean step, no per-step distribution). Crosses every
-    cell, baselines too (each method is compared with its own)."""
     env_grid: dict[str, list] = field(default_factory=dict)
     """Grid: NCCL_* / GLOO_* / TORCH_NCCL_* variables and their values; every combination is its own worker
     group (NCCL reads them once per process), recorded in the rows (`env_grid`, `env`)."""
@@ -143,9 +133,6 @@ class SweepSpec:
     """`search: race` / `repeats: auto`: rounds before the first decision."""
     tolerance: float = 0.02
     """`search: race`: a cell is dropped only when shown slower than the leader by more than this fraction."""
-    trace_comm: bool = False
-    """Record every DDP bucket's all-reduce launch and completion in the timed steps (comm_ms,
-    comm_exposed_ms, comm_overlap_frac, comm_timeline_ms); off by default."""
     calibrate: bool = False
     """Start every multi-rank worker group with an all-reduce sweep over message sizes on its own ranks
     (and a parameter broadcast); rows go to the `calibration` table."""
@@ -182,8 +169,7 @@ class SweepSpec:
 
 def _check_grid_size(spec: SweepSpec) -> None:
     """Bound the grid from its axis lengths, before anything is expanded."""
-    axes = [spec.bucket_cap_mb, spec.gas, spec.no_sync, spec.gradient_as_bucket_view, spec.modes, spec.comm_hook]
-    axes += [spec.powersgd_rank, spec.first_bucket_mb, spec.static_graph, spec.broadcast_buffers, spec.timing]
+    axes = [getattr(spec, k.name) for k in SPEC_AXES] + [spec.modes]
     axes += list(spec.env_grid.values()) if isinstance(spec.env_grid, dict) else []
     places = len(spec.workers) * len(spec.nodes) if spec.topology is None else len(spec.topology)
     upper = places * math.prod(len(a) for a in axes) * spec.rounds
@@ -194,6 +180,27 @@ def _check_grid_size(spec: SweepSpec) -> None:
             f"at most {MAX_MEASUREMENTS} measurements (cells x repeats) per sweep: fewer axis values or "
             "repeats, or split the study into several sweeps",
         )
+
+
+def _validate_knobs(spec: SweepSpec) -> None:
+    """Every knob the spec declares, against its entry in trainers.knobs: a setting's one value, an axis's
+    list (non-empty, bounded, without duplicates) value by value."""
+    for knob in SPEC_SETTINGS:
+        allowed = check(knob, getattr(spec, knob.name))
+        if allowed is not None:
+            raise fail(knob.name, getattr(spec, knob.name), allowed)
+    for knob in SPEC_AXES:
+        values = getattr(spec, knob.name)
+        if not isinstance(values, list) or not values:
+            raise fail(knob.name, values, "a non-empty list")
+        if len(values) > MAX_AXIS_VALUES:
+            raise fail(knob.name, f"{len(values)} values", f"at most {MAX_AXIS_VALUES} values")
+        for i, v in enumerate(values):
+            allowed = check(knob, v)
+            if allowed is not None:
+                raise fail(f"{knob.name}[{i}]", v, allowed)
+        if len(set(values)) != len(values):
+            raise fail(knob.name, values, "a list without duplicates")
 
 
 def _validate(spec: SweepSpec) -> None:
@@ -210,6 +217,7 @@ def _validate(spec: SweepSpec) -> None:
     if is_int(spec.timed_steps) and spec.timed_steps > 1_000_000:
         raise fail("timed_steps", spec.timed_steps, "at most 1000000, or auto")
     _validate_rounds(spec)
+    _validate_knobs(spec)
     for name, kind in LISTS.items():
         check_list(name, getattr(spec, name), kind)
         if name in RANGES:
@@ -225,14 +233,12 @@ def _validate(spec: SweepSpec) -> None:
     check_choice("placement", spec.placement, PLACEMENTS)
     check_choice("isolation", spec.isolation, ISOLATIONS)
     check_scalar("calibrate", spec.calibrate, "bool")
-    check_scalar("trace_comm", spec.trace_comm, "bool")
     if spec.use_gpu != "auto" and not isinstance(spec.use_gpu, bool):
         raise fail("use_gpu", spec.use_gpu, "auto, true or false")
     if spec.workload is None and spec.seq_len > PRESETS[spec.model].block_size:
         raise fail("seq_len", spec.seq_len, f"1..{PRESETS[spec.model].block_size} (block size of {spec.model})")
     validate_env(spec.env)
     validate_env_grid(spec.env_grid, spec.env)
-    validate_first_bucket(spec.first_bucket_mb)
     _validate_hooks(spec)
     validate_results(spec.results)
     if spec.topology is None:

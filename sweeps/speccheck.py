@@ -1,7 +1,7 @@
-"""The sweep spec's field rules: each field's type, range and choices, and the checks of the mappings and lists
-inside it (env, env_grid, topology, first_bucket_mb, results), each failing with a `SpecError` that names the
-field's dotted path and what is allowed. `sweeps.spec` applies them to a `SweepSpec` and adds the checks across
-its fields."""
+"""The sweep spec's field rules beyond the knobs (whose rules are their entries in trainers.knobs): each field's
+type, range and choices, and the checks of the mappings and lists inside it (env, env_grid, topology, results),
+each failing with a `SpecError` that names the field's dotted path and what is allowed. `sweeps.spec` applies
+them to a `SweepSpec` and adds the checks across its fields."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import re
 from typing import Any
 
 from results.store import LABEL_RULE, valid_label
-from trainers.config import COMM_HOOKS, TIMINGS
 from trainers.errors import ConfigError
 
 BACKENDS = ("auto", "nccl", "gloo")
@@ -83,9 +82,6 @@ def check_list(path: str, values: Any, kind: str | tuple) -> None:
 SCALARS = {
     "name": "label",
     "cluster": "label",
-    "micro_batch": "int>=1",
-    "seq_len": "int>=1",
-    "warmup_steps": "int>=0",
     "cpus_per_worker": "num>0",
     "max_timed_steps": "int>=1",
     "max_cell_s": "num>0",
@@ -96,25 +92,13 @@ SCALARS = {
     "max_rounds": "int>=1",
     "min_rounds": "int>=1",
     "results": "str",
-    "powersgd_start_iter": "int>=1",
 }
 LISTS = {
     "workers": "int>=1",
     "nodes": "int>=1",
-    "bucket_cap_mb": "num>0",
-    "gas": "int>=1",
-    "no_sync": "bool",
-    "gradient_as_bucket_view": "bool",
     "modes": GRID_MODES,
-    "comm_hook": COMM_HOOKS,
-    "powersgd_rank": "int>=1",
-    "static_graph": "bool",
-    "broadcast_buffers": "bool",
-    "timing": TIMINGS,
 }
 RANGES = {
-    "micro_batch": (1, 65_536),
-    "warmup_steps": (0, 100_000),
     "max_timed_steps": (1, 1_000_000),
     "max_cell_s": (0.001, 86_400),
     "collective_timeout_s": (1, 86_400),
@@ -126,10 +110,6 @@ RANGES = {
     "cpus_per_worker": (0.001, 1_024),
     "workers": (1, 65_536),
     "nodes": (1, 4_096),
-    "bucket_cap_mb": (0.001, 100_000),
-    "gas": (1, 4_096),
-    "powersgd_rank": (1, 1_024),
-    "powersgd_start_iter": (2, 100_000),
 }
 MAX_AXIS_VALUES = 1_000  # values in one grid list
 MAX_MEASUREMENTS = 10_000  # cells x repeats in one sweep (a week of minute-long GPU cells): split larger studies
@@ -188,16 +168,6 @@ def validate_env_grid(grid: Any, env: dict) -> None:
                 raise fail(f"env_grid.{k}[{i}]", v, ENV_VALUE_RULE)
         if len({str(v) for v in values}) != len(values):
             raise fail(f"env_grid.{k}", values, "a list without duplicates")
-
-
-def validate_first_bucket(values: Any) -> None:
-    if not isinstance(values, list) or not values:
-        raise fail("first_bucket_mb", values, "a non-empty list of MB values or null (PyTorch's default)")
-    for i, v in enumerate(values):
-        if v is not None and not (is_num(v) and 0 < v <= RANGES["bucket_cap_mb"][1]):
-            raise fail(f"first_bucket_mb[{i}]", v, f"a number of MB in (0, {RANGES['bucket_cap_mb'][1]}] or null")
-    if len(set(values)) != len(values):
-        raise fail("first_bucket_mb", values, "a list without duplicates")
 
 
 BF16_ON_CPU = "none, fp16 or powersgd without GPUs: PyTorch's bf16_compress_hook needs CUDA 11+ and NCCL 2.10+"

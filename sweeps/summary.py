@@ -3,20 +3,34 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 
-from results import analysis, racing
-from results.recommend import DEFAULT_KNOBS
+from results import analysis, identity, racing
 from results.uncertainty import rel_width
 from sweeps.grid import Cell
-from trainers.config import StepConfig
+from trainers.knobs import KNOBS, show
 
 WIDE_REL = 0.04  # an interval wider than ±2% of its median is listed as noisy
 
 
-# One line per curve: everything but the bucket fixed (analysis.CURVE_KEYS within one sweep)
-LINE_KEYS = ["mode", "timing", "world_size", "num_nodes", "gas", "no_sync", *analysis.DDP_KNOBS]
-KNOB_DEFAULTS = DEFAULT_KNOBS | {"timing": "sync"}  # PyTorch's own, and the harness's default timing
+# One line per curve: everything but the bucket fixed (results.identity.CURVE_KEYS within one sweep)
+LINE_KEYS = [k for k in identity.CURVE_KEYS if k not in ("cluster", "sweep_id")]
+# What a progress line and the dry-run table show in columns of their own; any other knob set away from its
+# default is named after them (`comm_hook=fp16 timing=loop …`)
+OWN_COLUMNS = {"model", "workload", "workload_args", "workload_fingerprint", "mode", "micro_batch", "seq_len"}
+OWN_COLUMNS |= {"gas", "no_sync", "bucket_cap_mb", "gradient_as_bucket_view", "world_size", "num_nodes", "backend"}
+OWN_COLUMNS |= {"timed_steps", "target_rel_ci", "max_timed_steps", "max_cell_s", "warmup_steps", "seed"}
+
+
+def set_knobs(values: dict, skip: set[str] = OWN_COLUMNS) -> str:
+    """`k=v` for every knob (beyond `skip`) whose value is not its default (trainers.knobs), or ""."""
+    return " ".join(
+        f"{k.name}={show(values[k.name])}"
+        for k in KNOBS
+        if k.name not in skip and k.name in values and show(values[k.name]) != show(k.default)
+    )
 
 
 def progress_line(row: dict, done: int, total: int) -> str:
@@ -25,9 +39,8 @@ def progress_line(row: dict, done: int, total: int) -> str:
         f"{row['mode']:<6} w={row['world_size']} bucket={bucket:<5} gas={row['gas']} "
         f"no_sync={str(row['no_sync']).lower():<5} r={row.get('round', 0)}"
     )
-    what += "".join(
-        f" {k}={row[k]}" for k in ("comm_hook", "timing") if row.get(k, KNOB_DEFAULTS[k]) != KNOB_DEFAULTS[k]
-    )
+    knobs = set_knobs(row)
+    what += f" {knobs}" if knobs else ""
     if row["status"] == "ok":
         tokens = row.get("tokens_per_s")  # None for a workload without tokens_per_sample: samples/s then
         rate = f"{tokens / 1e3:8.1f} ktok/s" if tokens is not None else f"{row['samples_per_s']:8.1f} samples/s"
@@ -85,12 +98,15 @@ def _where(curve: dict, table: pd.DataFrame) -> str:
     out += f" topology={n}x{w // n}" if n > 1 or table["num_nodes"].nunique() > 1 else ""
     out += f" timing={curve['timing']}" if set(table["timing"]) != {"sync"} else ""
     out += f" gas={curve['gas']} no_sync={str(bool(curve['no_sync'])).lower()}"
-    out += "".join(f" {k}={curve[k]}" for k, default in DEFAULT_KNOBS.items() if curve[k] != default)
-    if curve["comm_hook"] == "powersgd":
-        out += f" powersgd_rank={curve['powersgd_rank']}"
-    if pd.notna(curve["first_bucket_mb"]):
-        out += f" first_bucket_mb={curve['first_bucket_mb']:g}"
-    return out
+    shown = {"mode", "world_size", "num_nodes", "timing", "gas", "no_sync"}
+    varies = set(identity.varying(table))
+    extra = [
+        k.name
+        for k in KNOBS
+        if k.name in curve and k.name not in shown
+        if k.name in varies or (k.name not in OWN_COLUMNS and show(curve[k.name]) != show(k.default))
+    ]
+    return out + "".join(f" {k}={show(curve[k])}" for k in extra)
 
 
 def summary_text(rows: pd.DataFrame) -> str:
@@ -141,8 +157,8 @@ def _cell(r) -> str:
     bucket = f" bucket={r.bucket_cap_mb:g}" if pd.notna(r.bucket_cap_mb) else ""
     out = f"{r.mode} {r.num_nodes}x{r.world_size // r.num_nodes}{bucket} gas={r.gas}"
     out += " no_sync=true" if r.no_sync else ""
-    out += f" hook={r.comm_hook}" if getattr(r, "comm_hook", "none") != "none" else ""
-    return out + (f" timing={r.timing}" if getattr(r, "timing", "sync") != "sync" else "")
+    knobs = set_knobs(r._asdict())
+    return out + (f" {knobs}" if knobs else "")
 
 
 def _flag_lines(rows: pd.DataFrame) -> list[str]:
@@ -215,9 +231,5 @@ def cells_table(cells: list[Cell], repeats: int = 1, isolation: str = "group") -
 
 
 def _knobs(cell: Cell) -> str:
-    """The cell's settings that differ from their defaults, beyond the table's own columns: `comm_hook=fp16 …`."""
-    s, default = cell.step, StepConfig
-    names = ("comm_hook", "first_bucket_mb", "static_graph", "broadcast_buffers", "timing")
-    out = [f"{n}={getattr(s, n)}" for n in names if getattr(s, n) != getattr(default, n)]
-    out += [f"powersgd_rank={s.powersgd_rank}"] if s.comm_hook == "powersgd" else []
-    return " ".join(out + ([f"env={cell.env}"] if cell.env != "{}" else []))
+    """The cell's knobs that differ from their defaults, beyond the table's own columns: `comm_hook=fp16 …`."""
+    return set_knobs(dataclasses.asdict(cell.step) | {"env_grid": cell.env})

@@ -24,8 +24,9 @@ def test_two_sweeps_compare_and_the_sweeps_table_counts(tmp_path):
     page = client.get("/ui/compare", params={"by": "sweep", "a": "s1", "b": "s2"})
     assert page.status_code == 200 and "<circle" in page.text
     table = page.text[page.text.index("id='comparison'") :]
-    rows = re.findall(r"<tr>(.*?)</tr>", table)[1:]
-    ratios = [float(re.findall(r"<td>(.*?)</td>", row)[7]) for row in rows]  # the 8th column: ratio b / a
+    head, *rows = re.findall(r"<tr>(.*?)</tr>", table, re.S)
+    at = re.findall(r"<th>(.*?)</th>", head).index("ratio")  # b / a
+    ratios = [float(re.findall(r"<td>(.*?)</td>", row)[at]) for row in rows]
     assert ratios and all(abs(r - 0.8) < 1e-6 for r in ratios)  # every cell 20% faster, as written
     assert client.get("/ui/compare", params={"by": "sweep", "a": "s1", "b": "nope"}).status_code == 404
     sweep = client.get("/ui/sweep/pcie-8x/s1").text
@@ -48,8 +49,10 @@ def test_the_sweep_page_shows_scaling_by_topology(tmp_path):
     page = client.get("/ui/sweep/netns/topo").text
     assert "id='scaling'" in page and "Scaling by topology" in page
     table = page[page.index("id='scaling_table'") :]
-    rows = re.findall(r"<tr>(.*?)</tr>", table)[1:]
-    knees = {re.findall(r"<td>(.*?)</td>", r)[3]: re.findall(r"<td>(.*?)</td>", r)[11] for r in rows}
+    head, *rows = re.findall(r"<tr>(.*?)</tr>", table, re.S)
+    names = re.findall(r"<th>(.*?)</th>", head)
+    at, knee = names.index("topology"), names.index("knee")
+    knees = {re.findall(r"<td>(.*?)</td>", r)[at]: re.findall(r"<td>(.*?)</td>", r)[knee] for r in rows}
     assert knees == {"1x1": "False", "1x2": "False", "2x1": "True"}  # the knee, at the cross-node topology
     u_curve = re.findall(r"id='u_curve'.*?</svg>", page, re.S)[0]
     assert "1x2 gas=1" in u_curve and "2x1 gas=1" in u_curve and "w=2" not in u_curve  # apart, not merged

@@ -172,7 +172,7 @@ def test_one_error_tree_whose_classes_carry_their_http_status():
         ("micro_batch", "micro_batch: 100000000000000000000000000000", "micro_batch"),
         ("repeats", "repeats: 100000000", "repeats"),
         ("bucket_cap_mb", f"bucket_cap_mb: [{', '.join(str(b) for b in range(1, 1001))}]", "repeats"),
-        ("bucket_cap_mb", "bucket_cap_mb: [1e-300]", "bucket_cap_mb"),
+        ("bucket_cap_mb", "bucket_cap_mb: [1e-300]", "bucket_cap_mb[0]"),
         ("cell_timeout_s", "cell_timeout_s: 1.0e+308", "cell_timeout_s"),
         ("collective_timeout_s", "collective_timeout_s: 0.5", "collective_timeout_s"),
         ("group_start_timeout_s", "group_start_timeout_s: 0", "group_start_timeout_s"),

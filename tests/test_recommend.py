@@ -59,9 +59,9 @@ def test_the_seed_recommends_25_mb_and_no_sync_with_the_gain_the_post_reports(se
 
 
 def test_a_noisy_store_gets_no_false_recommendation(tmp_path):
-    """Every cell drawn from one distribution (CV 10%, 2 repeats): the best is noise, and it says so."""
+    """Every cell drawn from one distribution (CV 10%, 3 repeats): the best is noise, and it says so."""
     store = Store.open(str(tmp_path))
-    for r in noisy(seed_rows(), cv=0.10, repeats=2, seed=7, same=150.0):
+    for r in noisy(seed_rows(), cv=0.10, repeats=3, seed=7, same=150.0):
         store.write_row(r)
     from results.store import load
 
@@ -69,6 +69,40 @@ def test_a_noisy_store_gets_no_false_recommendation(tmp_path):
         assert rec["recommended"]["bucket_cap_mb"] == 25.0 and rec["recommended"]["no_sync"] is False, rec["verdict"]
         if rec["best"] != rec["default"]:
             assert rec["verdict"].startswith("The intervals cannot separate")
+
+
+def test_two_rounds_say_how_many_to_run_instead_of_a_degenerate_interval(tmp_path):
+    """2 rounds: a round-blocked interval is widened t(1)/z = 6.5x (it printed "+80.8% [-92.6%, +999478.4%]" and
+    "resolves differences of 36573.8%"): one line says to run 3, no interval is printed, the defaults stay."""
+    store = Store.open(str(tmp_path))
+    for r in noisy(seed_rows(), cv=0.05, repeats=2, seed=3):
+        store.write_row(r)
+    from results.store import load
+
+    recs = recommend(load(str(tmp_path)))
+    assert recs and all(r["n_repeats"] == 2 for r in recs)
+    for rec in recs:
+        assert "2 rounds are too few" in rec["verdict"] and "repeats: 3" in rec["verdict"], rec["verdict"]
+        assert rec["gain_ci_lo"] is None and rec["min_resolvable_rel"] is None
+        assert rec["recommended"] == {k: rec["default"][k] for k in rec["recommended"]}
+        assert rec["recommended"]["bucket_cap_mb"] == 25.0 and rec["recommended"]["no_sync"] is False
+    assert "%]" not in to_text(recs)
+
+
+def test_the_snippet_gives_device_ids_on_cuda_only_and_quotes_values():
+    from results.recommend import snippet
+
+    cfg = recommend_defaults() | {"bucket_cap_mb": 5.0, "gradient_as_bucket_view": True}
+    assert "device_ids=[local_rank]" in snippet(cfg, 1, {}, cuda=True)
+    cpu = snippet(cfg, 1, {"NCCL_ALGO": "Ring; touch /tmp/pwned"}, cuda=False)
+    assert "device_ids" not in cpu
+    assert "export NCCL_ALGO='Ring; touch /tmp/pwned'" in cpu
+
+
+def recommend_defaults() -> dict:
+    from results.identity import PYTORCH_DEFAULTS
+
+    return dict(PYTORCH_DEFAULTS)
 
 
 def test_no_default_cell_is_said_plainly():

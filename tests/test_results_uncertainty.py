@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from results import analysis
+from results import analysis, identity
 from results.compare import compare
 from results.uncertainty import bootstrap_median, interval, t_factor
 from tests.seed_rows import row
@@ -168,6 +168,6 @@ def test_the_summary_names_what_each_curve_can_resolve_and_keeps_a_drifted_round
     rows = rounds_with_control([100.0, 131.0, 99.5, 100.5])
     rows["step_times_ms"] = [list(150.0 + b + np.arange(5.0)) for b in rows["bucket_cap_mb"]]
     baseline = row("single", 1, 100.0, step_times_ms=[100.0, 101.0, 99.0], group_id="g0", round=0)
-    text = summary_text(pd.concat([rows, pd.DataFrame([baseline])], ignore_index=True).pipe(analysis.with_knobs))
+    text = summary_text(pd.concat([rows, pd.DataFrame([baseline])], ignore_index=True).pipe(identity.with_knobs))
     assert "min_resolvable_rel" in text and "2% would take" in text
     assert "drift: 2 measurement(s) in 1 round(s)" in text and "(kept:" in text

@@ -28,7 +28,7 @@ SPECS = ROOT / "sweeps" / "specs"
     ("text", "field", "allowed"),
     [
         ("name: x\nbucket_caps: [1]", "bucket_caps", "a known field"),
-        ("name: x\nbucket_cap_mb: [25, -1]", "bucket_cap_mb[1]", "a number > 0"),
+        ("name: x\nbucket_cap_mb: [25, -1]", "bucket_cap_mb[1]", "a number in [0.001, 100000]"),
         ("name: x\ngas: []", "gas", "a non-empty list"),
         ("name: x\nworkers: 2", "workers", "a non-empty list"),
         ("name: x\nno_sync: [yes, 0]", "no_sync[1]", "true or false"),

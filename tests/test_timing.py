@@ -144,12 +144,15 @@ def test_the_summary_gives_each_timing_and_hook_its_own_curve():
     from sweeps.summary import summary_text
 
     lines = [x for x in summary_text(pd.DataFrame(MIXED)).splitlines() if x.startswith("ddp ")]
-    assert [x.split(":")[0] for x in lines] == [
-        "ddp workers=2 timing=loop gas=1 no_sync=false",
+    named = {x.split(":")[0]: x for x in lines}
+    assert sorted(named) == [
+        "ddp workers=2 timing=loop gas=1 no_sync=false comm_hook=none",
         "ddp workers=2 timing=sync gas=1 no_sync=false comm_hook=fp16",
-        "ddp workers=2 timing=sync gas=1 no_sync=false",
+        "ddp workers=2 timing=sync gas=1 no_sync=false comm_hook=none",
     ]
-    assert "25MB:125.0" in lines[2] and "25MB:110.0" in lines[1] and "(baseline 90.0 ms)" in lines[0]
+    assert "25MB:125.0" in named["ddp workers=2 timing=sync gas=1 no_sync=false comm_hook=none"]
+    assert "25MB:110.0" in named["ddp workers=2 timing=sync gas=1 no_sync=false comm_hook=fp16"]
+    assert "(baseline 90.0 ms)" in named["ddp workers=2 timing=loop gas=1 no_sync=false comm_hook=none"]
 
 
 def test_the_u_curve_figure_draws_and_labels_each_curve_apart():
@@ -158,9 +161,9 @@ def test_the_u_curve_figure_draws_and_labels_each_curve_apart():
     (ax,) = plots.u_curve_figure(pd.DataFrame(MIXED)).axes
     labels = [t.get_text() for t in ax.get_legend().get_texts() if "ranks" in t.get_text()]
     assert sorted(labels) == [
-        "2 ranks, no_sync=False, timing=loop, comm_hook=none",
-        "2 ranks, no_sync=False, timing=sync, comm_hook=fp16",
-        "2 ranks, no_sync=False, timing=sync, comm_hook=none",
+        "2 ranks, no_sync=False, comm_hook=fp16, timing=sync",
+        "2 ranks, no_sync=False, comm_hook=none, timing=loop",
+        "2 ranks, no_sync=False, comm_hook=none, timing=sync",
     ]
     assert sorted(len(line.get_xdata()) for line in ax.get_lines() if line.get_marker() == "o") == [1, 1, 1]
 
@@ -187,8 +190,8 @@ def test_the_dashboard_u_curve_has_a_series_per_curve_named_apart():
 
     series = curve_series(analysis.with_baseline(pd.DataFrame(MIXED)), "step_ms")
     assert sorted(s.name for s in series) == [
-        "w=2 gas=1 timing=loop comm_hook=none",
-        "w=2 gas=1 timing=sync comm_hook=fp16",
-        "w=2 gas=1 timing=sync comm_hook=none",
+        "w=2 gas=1 comm_hook=fp16 timing=sync",
+        "w=2 gas=1 comm_hook=none timing=loop",
+        "w=2 gas=1 comm_hook=none timing=sync",
     ]
     assert all(len(s.points) == 1 for s in series)

@@ -30,14 +30,14 @@ def test_gpt2_presets_grow_and_pad_the_vocab():
 @pytest.mark.parametrize(
     ("kwargs", "field", "allowed"),
     [
-        ({"bucket_cap_mb": 0}, "bucket_cap_mb", "> 0"),
-        ({"bucket_cap_mb": -5.0}, "bucket_cap_mb", "> 0"),
-        ({"gas": 0}, "gas", ">= 1"),
+        ({"bucket_cap_mb": 0}, "bucket_cap_mb", "in [0.001, 100000]"),
+        ({"bucket_cap_mb": -5.0}, "bucket_cap_mb", "in [0.001, 100000]"),
+        ({"gas": 0}, "gas", "an integer in [1, 4096]"),
         ({"model": "gpt5"}, "model", "gpt2-124m"),
-        ({"micro_batch": 0}, "micro_batch", ">= 1"),
+        ({"micro_batch": 0}, "micro_batch", "an integer in [1, 65536]"),
         ({"seq_len": 129}, "seq_len", "1..128"),
         ({"mode": "fsdp"}, "mode", "single, ddp, naive"),
-        ({"warmup_steps": -1}, "warmup_steps", ">= 0"),
+        ({"warmup_steps": -1}, "warmup_steps", "an integer in [0, 100000]"),
     ],
 )
 def test_bad_config_names_the_field_and_the_allowed_values(kwargs, field, allowed):

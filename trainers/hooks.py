@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
@@ -56,8 +55,3 @@ def bucket_by_bucket(hook: HookFn) -> HookFn:
         return fut
 
     return ordered
-
-
-def bf16_supported(device_type: str) -> bool:
-    """Whether bf16_compress_hook can run here: PyTorch refuses it without CUDA (and NCCL 2.10+)."""
-    return device_type == "cuda" and torch.cuda.is_available()

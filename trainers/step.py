@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainers import hooks, workload
 from trainers.commtrace import CommTrace, counting_all_reduce, summarize_trace, traced_hook
 from trainers.config import Measurement, StepConfig
+from trainers.knobs import STEP_KNOBS
 from trainers.model import grad_bytes, n_params
 from trainers.stats import median_rel_half_width, summarize
 from trainers.timing import Hook, slowed, time_events, time_loop, time_steps, timing_as_run
@@ -100,17 +101,13 @@ def setup_replica(
 def wrap_ddp(
     model: nn.Module, cfg: StepConfig, device: torch.device, world: int, group: dist.ProcessGroup | None = None
 ) -> tuple[DDP, CommTrace | None]:
-    """DDP over `group` with the cell's bucket sizes, static_graph, broadcast_buffers and communication hook;
+    """DDP over `group` with the cell's DDP keywords (ddp_kwargs) and communication hook;
     with trace_comm, the hook runs inside the trace (which records its collectives and bytes)."""
     module = DDP(
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
         process_group=group,
-        bucket_cap_mb=cfg.bucket_cap_mb,
-        gradient_as_bucket_view=cfg.gradient_as_bucket_view,
-        static_graph=cfg.static_graph,
-        **first_bucket_kwargs(cfg),
-        **({} if cfg.broadcast_buffers else {"broadcast_buffers": False}),  # torch >= 2.13 warns when it is named
+        **ddp_kwargs(cfg),
     )
     hook, state = hooks.comm_hook(cfg, group)
     if cfg.trace_comm:
@@ -120,6 +117,18 @@ def wrap_ddp(
     if hook is not None:
         module.register_comm_hook(state, hook)
     return module, None
+
+
+def ddp_kwargs(cfg: StepConfig) -> dict:
+    """DDP's keywords from the knobs that name one (`trainers.knobs.Knob.ddp_kwarg`), each given only where it
+    differs from PyTorch's default (torch 2.13 warns on every wrapper given broadcast_buffers), the bucket cap
+    always, and the first bucket's cap where the cell sets one."""
+    out = {
+        k.ddp_kwarg: getattr(cfg, k.name)
+        for k in STEP_KNOBS
+        if k.ddp_kwarg and getattr(cfg, k.name) != k.pytorch_default
+    }
+    return out | {"bucket_cap_mb": cfg.bucket_cap_mb} | first_bucket_kwargs(cfg)
 
 
 def first_bucket_kwargs(cfg: StepConfig) -> dict:
