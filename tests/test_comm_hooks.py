@@ -13,7 +13,7 @@ from tests.dist_helpers import run_world
 from tests.test_trainer_dist import BASE, CPU, RECSYS, assert_same, full_batch_grads, grads_after_backward
 from trainers.config import StepConfig
 from trainers.errors import ConfigError
-from trainers.step import forward_backward, run_cell, setup_replica
+from trainers.step import ddp_kwargs, forward_backward, run_cell, setup_replica
 
 
 def grads_at_step(rank: int, cfg: StepConfig, backwards: int) -> dict[str, torch.Tensor]:
@@ -33,8 +33,13 @@ def relative_error(got: dict, want: dict) -> float:
 
 @pytest.mark.parametrize(
     "knobs",
-    [{"static_graph": True}, {"broadcast_buffers": False}, {"first_bucket_mb": 0.05, "bucket_cap_mb": 0.25}],
-    ids=["static_graph", "no_broadcast_buffers", "first_bucket"],
+    [
+        {"static_graph": True},
+        {"broadcast_buffers": False},
+        {"first_bucket_mb": 0.05, "bucket_cap_mb": 0.25},
+        {"find_unused_parameters": True},
+    ],
+    ids=["static_graph", "no_broadcast_buffers", "first_bucket", "find_unused_parameters"],
 )
 def test_the_exact_knobs_still_give_the_full_batch_gradient(tmp_path, knobs):
     cfg = dataclasses.replace(BASE, **knobs)
@@ -110,3 +115,25 @@ def test_hook_settings_are_checked_and_normalized():
     single = StepConfig(mode="single", comm_hook="powersgd", static_graph=True, first_bucket_mb=1.0)
     assert (single.comm_hook, single.static_graph, single.first_bucket_mb) == ("none", False, None)
     assert StepConfig(comm_hook="powersgd", powersgd_rank=2).grad_compression == "powersgd-rank-2"
+
+
+UNUSED = StepConfig(workload="tests.unused_workload:build", micro_batch=4, warmup_steps=1, timed_steps=2)
+
+
+def measured_or_error(rank: int, cfg: StepConfig) -> str:
+    """`ok` when the cell measures, else DDP's error's first line."""
+    try:
+        run_cell(cfg, CPU, 1)
+    except RuntimeError as e:
+        return str(e).splitlines()[0]
+    return "ok"
+
+
+def test_find_unused_parameters_is_a_knob_ddp_receives(tmp_path):
+    """The knob added through the table alone (trainers/knobs.py): a model that skips a layer fails its second
+    step without it (DDP's own error, which names the knob) and measures with it."""
+    without = run_world(measured_or_error, 2, tmp_path, UNUSED)
+    assert "find_unused_parameters" in without[0] or "Expected to have finished reduction" in without[0], without
+    cfg = dataclasses.replace(UNUSED, find_unused_parameters=True)
+    assert run_world(measured_or_error, 2, tmp_path, cfg) == ["ok", "ok"]
+    assert ddp_kwargs(cfg)["find_unused_parameters"] is True and "find_unused_parameters" not in ddp_kwargs(UNUSED)

@@ -11,7 +11,7 @@ import pytest
 from results import analysis, compare, identity, racing, recommend, scaling
 from sweeps.summary import summary_text
 from tests.seed_rows import row
-from trainers.knobs import KNOBS, SWEPT, Knob
+from trainers.knobs import GRID_AXES, KNOBS, SWEPT, Knob
 
 
 def other(knob: Knob, d):
@@ -124,3 +124,41 @@ def test_every_knob_is_a_row_column_and_a_configuration_key():
     assert set(identity.CONFIGURATION) <= set(COLUMNS)
     assert [k for k in identity.CONFIG_KEYS if k != SWEPT] == identity.CURVE_KEYS
     assert set(racing.CURVE_IN_GROUP) == set(identity.CURVE_KEYS) - {"cluster", "sweep_id"}
+
+
+@pytest.mark.parametrize("knob", GRID_AXES, ids=lambda k: k.name)
+def test_every_ddp_axis_of_the_table_is_a_spec_list_crossed_into_cells_of_their_own(knob):
+    """From the table alone: the spec takes the knob as a list, the grid crosses it, the cell id tells the values
+    apart (the default's id unchanged by the knob's existence), and the row carries it."""
+    from sweeps.grid import expand
+    from sweeps.rows import RowContext, build_row
+    from sweeps.spec import spec_from_dict
+
+    value = other(knob, knob.default)
+    if knob.kind == "float" and knob.hi is not None:
+        value = min(value, knob.hi)
+    extra = {"comm_hook": ["powersgd"], "warmup_steps": 3} if knob.name.startswith("powersgd") else {}
+    plain = spec_from_dict({"name": "k", "workers": [2], **extra})
+    both = spec_from_dict({"name": "k", "workers": [2], **extra, knob.name: [knob.default, value]})
+    ddp = [c for c in expand(both) if c.step.mode == "ddp"]
+    assert len(ddp) == 2 and {getattr(c.step, knob.name) for c in ddp} == {knob.default, value}
+    assert [c.cell_id for c in expand(plain) if c.step.mode == "ddp"] == [ddp[0].cell_id]
+    assert ddp[0].cell_id != ddp[1].cell_id
+    from datetime import UTC, datetime
+
+    from sweeps.grid import Slot
+
+    ctx = RowContext(
+        sweep_id="s",
+        cluster="c",
+        spec_name="k",
+        cpus_per_worker=1.0,
+        placement="PACK",
+        backend="gloo",
+        isolation="sweep",
+        group_id="g",
+        order_seed=0,
+        group_started_at=datetime.now(UTC),
+    )
+    slot = Slot(cell=ddp[1], repeat=0, round=0, order_in_round=0)
+    assert build_row(slot, ctx, started=datetime.now(UTC), wall_s=1.0, error="x")[knob.name] == value
