@@ -180,12 +180,12 @@ def calibration_figure(calibration: pd.DataFrame) -> Figure:
     for _, fit in costmodel.fits(calibration).iterrows():
         n = fit["world_size"]
         sizes, ms = fit["curve_bytes"], fit["curve_ms"]
-        busbw = sizes / (ms / 1e3) * 2 * (n - 1) / n / 1e9
+        busbw = analysis.busbw_from_algbw(sizes / (ms / 1e3), n) / 1e9
         label = f"{fit['cluster']} {n} ranks/{fit['num_nodes']} node(s) {fit['backend']}"
         line = ax.plot(sizes, busbw, "o-", label=label)[0]
         line_fit = fit.copy()
         line_fit["uses"] = "fit"  # draw the α–β line itself, even where the report uses the measured curve
-        model = sizes / (costmodel.predict_ms(line_fit, sizes) / 1e3) * 2 * (n - 1) / n / 1e9
+        model = analysis.busbw_from_algbw(sizes / (costmodel.predict_ms(line_fit, sizes) / 1e3), n) / 1e9
         ax.plot(
             sizes,
             model,

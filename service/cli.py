@@ -63,7 +63,7 @@ def run(
             return
         typer.echo(
             f"sweep {plan.sweep_id}: {len(plan.todo)} of {plan.planned} measurements to run "
-            f"in {len(plan.groups())} worker group(s) -> {plan.store.uri}"
+            f"in {len(plan.shapes())} worker group(s) -> {plan.store.uri}"
             + (f" (at most: {_decided(plan.spec)})" if plan.spec.decides else "")
         )
         with progress_printer(len(plan.todo)) as progress:
@@ -183,9 +183,9 @@ def calibrate(
     try:
         plan = runner.plan_sweep(load_spec(spec), results=results, cluster=cluster)
         plan.calibrate_only = True
-        if not plan.groups():
+        if not plan.shapes():
             raise ConfigError("workers", plan.spec.workers, "a spec with at least one multi-rank worker group")
-        typer.echo(f"calibration {plan.sweep_id}: {len(plan.groups())} worker group(s) -> {plan.store.uri}")
+        typer.echo(f"calibration {plan.sweep_id}: {len(plan.shapes())} worker group(s) -> {plan.store.uri}")
         runner.execute(plan, address=address, verbose=verbose)
         fits = costmodel.fits(load_calibration(plan.store.uri, plan.cluster, plan.sweep_id))
     except DDPSweepError as e:

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import html
 import json
 import math
 
@@ -39,13 +38,6 @@ TEMPLATES = jinja2.Environment(
     autoescape=True,  # every value is text unless marked safe (the SVG charts, already escaped by service.svg)
     undefined=jinja2.StrictUndefined,
 )
-
-
-def page(title: str, body: str, script: str = "") -> str:
-    """A page: `body` is HTML built from escaped parts (templates, service.svg); `title` is text."""
-    return TEMPLATES.get_template("base.html").render(
-        title=title, style=markupsafe.Markup(STYLE), body=markupsafe.Markup(body), script=markupsafe.Markup(script)
-    )
 
 
 def sweeps(cache: CachedStore, address: str | None) -> list[dict]:
@@ -172,8 +164,19 @@ def _points(frame: pd.DataFrame, x: str, y: str) -> list[Point]:
     ]
 
 
-def scaling_section(rows: pd.DataFrame, calibration: pd.DataFrame) -> list[str]:
-    """Efficiency vs world size, a line per placement line (one node / W per node), and the knee table."""
+SCALING_COLUMNS = ["gas", "no_sync", "bucket_cap_mb", "topology", "step_ms", "tokens_per_s", "efficiency"]
+SCALING_COLUMNS += ["vs_previous", "vs_previous_ci_lo", "vs_previous_ci_hi", "busbw_gbps", "knee", "knee_why"]
+BEST_COLUMNS = ["world_size", "gas", "no_sync", "best_bucket_cap_mb", "indistinguishable_buckets_mb"]
+BEST_COLUMNS += ["best_step_ms", "best_step_ms_ci_lo", "best_step_ms_ci_hi", "best_efficiency"]
+BEST_COLUMNS += ["min_resolvable_rel", "rounds_for_target"]
+NO_SYNC_COLUMNS = ["world_size", "gas", "bucket_cap_mb", "step_ms_sync", "step_ms_no_sync", "saved_ms"]
+NO_SYNC_COLUMNS += ["saved_ms_ci_lo", "saved_ms_ci_hi"]
+ERROR_COLUMNS = ["cell_id", "repeat", "mode", "bucket_cap_mb", "error"]
+
+
+def scaling_context(rows: pd.DataFrame, calibration: pd.DataFrame) -> dict:
+    """Efficiency vs world size, a line per series and placement line (one node / W per node), and the knee
+    table."""
     table = scaling.scaling(rows, calibration)
     shown = ["gas", "no_sync", "bucket_cap_mb"]
     named = [*shown, *(k for k in identity.varying(table, scaling.SERIES) if k not in shown)]
@@ -193,41 +196,14 @@ def scaling_section(rows: pd.DataFrame, calibration: pd.DataFrame) -> list[str]:
         y_label="efficiency",
         chart_id="scaling",
     )
-    return [
-        "<h2>Scaling by topology</h2>",
-        chart,
-        _table(
-            table,
-            [
-                "gas",
-                "no_sync",
-                "bucket_cap_mb",
-                "topology",
-                "step_ms",
-                "tokens_per_s",
-                "efficiency",
-                "vs_previous",
-                "vs_previous_ci_lo",
-                "vs_previous_ci_hi",
-                "busbw_gbps",
-                "knee",
-                "knee_why",
-            ],
-            "scaling_table",
-        ),
-    ]
+    return {"chart": markupsafe.Markup(chart), "table": table_context(table, SCALING_COLUMNS, "scaling_table")}
 
 
-def recommendation_section(rows: pd.DataFrame) -> str:
-    """`ddpsweep recommend` as HTML: the verdict, the best with its interval, the snippet to paste."""
-    return TEMPLATES.get_template("recommend.html").render(recs=recommend.recommend(rows))
-
-
-def _table(df: pd.DataFrame, columns: list[str], table_id: str) -> str:
-    """The named columns, and every knob that varies in `df` (two lines never look alike)."""
+def table_context(df: pd.DataFrame, columns: list[str], table_id: str) -> dict:
+    """A table for the `table` macro: the named columns, and every knob that varies in `df` (two lines never
+    look alike), each value as text."""
     cols = [c for c in identity.with_varying(columns, df) if c in df.columns]
-    rows = [[_cell(r[c]) for c in cols] for _, r in df.iterrows()]
-    return TEMPLATES.get_template("table.html").render(table_id=table_id, columns=cols, rows=rows)
+    return {"id": table_id, "columns": cols, "rows": [[_cell(r[c]) for c in cols] for _, r in df.iterrows()]}
 
 
 def _cell(v) -> str:
@@ -240,95 +216,61 @@ def _cell(v) -> str:
 
 def sweep_page(cache: CachedStore, cluster: str, sweep: str) -> str:
     rows = cache.rows(cluster, sweep, limit=ANALYSIS_MAX_ROWS)
+    return TEMPLATES.get_template("sweep.html").render(
+        title=f"sweep {sweep} on {cluster}",
+        style=markupsafe.Markup(STYLE),
+        script="",
+        **sweep_context(cache, rows, cluster, sweep),
+    )
+
+
+def sweep_context(cache: CachedStore, rows: pd.DataFrame, cluster: str, sweep: str) -> dict:
+    """What the sweep page shows: counts and links, the U-curve and efficiency charts, the best bucket per
+    curve, the recommendation, scaling by topology, the no_sync gain, the calibration and the errors."""
     cells = analysis.with_baseline(rows)
-    charts = [
-        line_chart(
-            curve_series(cells, "step_ms"),
-            title="U-curve: step time vs bucket",
-            log_x=True,
-            x_label="bucket_cap_mb",
-            y_label="step ms (median, 95% interval)",
-            chart_id="u_curve",
-        ),
-        line_chart(
-            curve_series(cells, "efficiency"),
-            title="scaling efficiency vs bucket",
-            log_x=True,
-            x_label="bucket_cap_mb",
-            y_label="efficiency",
-            chart_id="efficiency",
-        ),
-    ]
-    gain = analysis.no_sync_gain(rows)
-    curve = analysis.u_curve(rows)
     errors = rows[rows["status"] == "error"]
-    q = f"cluster={html.escape(cluster)}&amp;sweep={html.escape(sweep)}"
-    logs = f"/sweeps/{html.escape(sweep)}/logs"
-    parts = [
-        f"<p>{len(rows)} rows, {len(errors)} errors. Download: <a href='/cells?{q}&amp;format=csv'>CSV</a> · "
-        f"<a href='/cells?{q}&amp;format=parquet'>Parquet</a> · <a href='{logs}'>logs</a>"
-        f" · <a href='/report?{q}'>full report</a></p>",
-        f"<div class='charts'>{''.join(charts)}</div>",
-        "<h2>Best bucket per curve</h2>",
-        _table(
-            curve,
-            [
-                "world_size",
-                "gas",
-                "no_sync",
-                "best_bucket_cap_mb",
-                "indistinguishable_buckets_mb",
-                "best_step_ms",
-                "best_step_ms_ci_lo",
-                "best_step_ms_ci_hi",
-                "best_efficiency",
-                "min_resolvable_rel",
-                "rounds_for_target",
-            ],
-            "best",
-        ),
-    ]
-    parts.append(recommendation_section(rows))
     cal = cache.calibration(cluster, sweep)
-    if scaling.topologies(rows) > 1:
-        parts += scaling_section(rows, cal)
-    if not gain.empty:
-        parts += [
-            "<h2>no_sync gain</h2>",
-            _table(
-                gain,
-                [
-                    "world_size",
-                    "gas",
-                    "bucket_cap_mb",
-                    "step_ms_sync",
-                    "step_ms_no_sync",
-                    "saved_ms",
-                    "saved_ms_ci_lo",
-                    "saved_ms_ci_hi",
-                ],
-                "no_sync",
-            ),
-        ]
-    if not cal.empty:
-        ar = cal[cal["kind"] == "all_reduce"]
-        pts = [
-            Series(f"{n}x{w // n}", [Point(r["size_bytes"] / 2**20, r["busbw_gbps"]) for _, r in g.iterrows()])
-            for (w, n), g in ar.groupby(["world_size", "num_nodes"])
-        ]
-        parts.append(
-            line_chart(
-                pts,
-                title="calibration: all-reduce bus bandwidth",
-                log_x=True,
-                x_label="message MiB",
-                y_label="busbw GB/s",
-                chart_id="calibration",
-            )
-        )
-    if not errors.empty:
-        parts += ["<h2>Errors</h2>", _table(errors, ["cell_id", "repeat", "mode", "bucket_cap_mb", "error"], "errors")]
-    return page(f"sweep {sweep} on {cluster}", "".join(parts))
+    gain = analysis.no_sync_gain(rows)
+    charts = [
+        curve_chart(cells, "step_ms", "U-curve: step time vs bucket", "step ms (median, 95% interval)", "u_curve"),
+        curve_chart(cells, "efficiency", "scaling efficiency vs bucket", "efficiency", "efficiency"),
+    ]
+    return {
+        "cluster": cluster,
+        "sweep": sweep,
+        "n_rows": len(rows),
+        "n_errors": len(errors),
+        "charts": charts,
+        "best": table_context(analysis.u_curve(rows), BEST_COLUMNS, "best"),
+        "recs": recommend.recommend(rows),
+        "scaling": scaling_context(rows, cal) if scaling.topologies(rows) > 1 else None,
+        "no_sync": None if gain.empty else table_context(gain, NO_SYNC_COLUMNS, "no_sync"),
+        "calibration": None if cal.empty else calibration_chart(cal),
+        "errors": None if errors.empty else table_context(errors, ERROR_COLUMNS, "errors"),
+    }
+
+
+def curve_chart(cells: pd.DataFrame, y: str, title: str, y_label: str, chart_id: str) -> markupsafe.Markup:
+    series = curve_series(cells, y)
+    chart = line_chart(series, title=title, log_x=True, x_label="bucket_cap_mb", y_label=y_label, chart_id=chart_id)
+    return markupsafe.Markup(chart)  # service.svg escapes every text it draws
+
+
+def calibration_chart(cal: pd.DataFrame) -> markupsafe.Markup:
+    ar = cal[cal["kind"] == "all_reduce"]
+    pts = [
+        Series(f"{n}x{w // n}", [Point(r["size_bytes"] / 2**20, r["busbw_gbps"]) for _, r in g.iterrows()])
+        for (w, n), g in ar.groupby(["world_size", "num_nodes"])
+    ]
+    chart = line_chart(
+        pts,
+        title="calibration: all-reduce bus bandwidth",
+        log_x=True,
+        x_label="message MiB",
+        y_label="busbw GB/s",
+        chart_id="calibration",
+    )
+    return markupsafe.Markup(chart)
 
 
 def _compared(cache: CachedStore, by: str, label: str) -> pd.DataFrame:
@@ -342,32 +284,26 @@ def compare_page(cache: CachedStore, a: str | None, b: str | None, by: str = "cl
     """Two clusters (by=cluster) or two sweeps (by=sweep) side by side: curves overlaid, then the table."""
     column = "cluster" if by == "cluster" else "sweep_id"
     labels = sorted(pc.unique(cache.table()[column]).to_pylist())
-
-    def options(chosen: str | None) -> str:
-        return "".join(f"<option{' selected' if c == chosen else ''}>{html.escape(c)}</option>" for c in labels)
-
-    other = "sweep" if by == "cluster" else "cluster"
-    form = (
-        f"<form method='get'><input type='hidden' name='by' value='{by}'>{by} A <select name='a'>{options(a)}"
-        f"</select> {by} B <select name='b'>{options(b)}</select> <button>compare</button> "
-        f"<a href='/ui/compare?by={other}'>compare two {other}s instead</a></form>"
-    )
-    if not a or not b:
-        return page(f"compare two {by}s", form)
-    rows = pd.concat([_compared(cache, by, a), _compared(cache, by, b)], ignore_index=True)
-    cells = analysis.with_baseline(rows)
-    series = [s for c in (a, b) for s in curve_series(cells[cells["cluster"] == c], "step_ms", f"{c}: ")]
-    chart = line_chart(
-        series,
-        title=f"U-curves: {a} vs {b}",
-        log_x=True,
-        x_label="bucket_cap_mb",
-        y_label="step ms (median, 95% interval)",
-        chart_id="compare_curves",
-    )
-    compared = compare_mod.compare(rows, a, b)
-    table = _table(compared, list(compared.columns), "comparison")
-    return page(f"compare {a} vs {b}", form + chart + "<h2>Cell by cell (b / a)</h2>" + table)
+    context = {"by": by, "other": "sweep" if by == "cluster" else "cluster", "labels": labels, "a": a, "b": b}
+    context |= {"title": f"compare {a} vs {b}" if a and b else f"compare two {by}s", "chart": None, "table": None}
+    if a and b:
+        rows = pd.concat([_compared(cache, by, a), _compared(cache, by, b)], ignore_index=True)
+        cells = analysis.with_baseline(rows)
+        series = [s for c in (a, b) for s in curve_series(cells[cells["cluster"] == c], "step_ms", f"{c}: ")]
+        chart = line_chart(
+            series,
+            title=f"U-curves: {a} vs {b}",
+            log_x=True,
+            x_label="bucket_cap_mb",
+            y_label="step ms (median, 95% interval)",
+            chart_id="compare_curves",
+        )
+        compared = compare_mod.compare(rows, a, b)
+        context |= {
+            "chart": markupsafe.Markup(chart),
+            "table": table_context(compared, list(compared.columns), "comparison"),
+        }
+    return TEMPLATES.get_template("compare.html").render(style=markupsafe.Markup(STYLE), script="", **context)
 
 
 def sweeps_json(cache: CachedStore, address: str | None) -> str:

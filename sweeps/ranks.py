@@ -21,8 +21,12 @@ from sweeps.grid import Cell, Group
 WAIT = timedelta(days=7)  # the trial's cell_timeout_s ends a hung group long before
 
 
-def ranks_for(cell: Cell, placement: list[dict]) -> tuple[int, ...] | str:
-    """The host ranks that measure `cell`, or why the host's placement cannot give them."""
+class Unplaceable(ValueError):
+    """The host worker group's placement cannot give a cell its topology (the message says why)."""
+
+
+def ranks_for(cell: Cell, placement: list[dict]) -> tuple[int, ...]:
+    """The host ranks that measure `cell`; Unplaceable says why the host's placement cannot give them."""
     if cell.step.mode == "single":
         return (0,)
     by_node: dict[str, list[int]] = {}
@@ -30,11 +34,13 @@ def ranks_for(cell: Cell, placement: list[dict]) -> tuple[int, ...] | str:
         by_node.setdefault(place["node"], []).append(rank)
     nodes = list(by_node)[: cell.num_nodes]
     if len(nodes) < cell.num_nodes:
-        return f"the worker group spans {len(by_node)} node(s); topology {cell.topology} needs {cell.num_nodes}"
+        raise Unplaceable(
+            f"the worker group spans {len(by_node)} node(s); topology {cell.topology} needs {cell.num_nodes}"
+        )
     short = [n for n in nodes if len(by_node[n]) < cell.workers_per_node]
     if short:
         have, need = len(by_node[short[0]]), cell.workers_per_node
-        return f"a node of the worker group holds {have} rank(s); topology {cell.topology} needs {need}"
+        raise Unplaceable(f"a node of the worker group holds {have} rank(s); topology {cell.topology} needs {need}")
     return tuple(sorted(r for n in nodes for r in by_node[n][: cell.workers_per_node]))
 
 
@@ -43,7 +49,8 @@ class Layout:
     """Each cell's ranks and process group within the host worker group (every rank holds the same)."""
 
     world: int
-    ranks: dict[str, tuple[int, ...] | str] = field(default_factory=dict)  # cell id -> ranks, or why not
+    ranks: dict[str, tuple[int, ...]] = field(default_factory=dict)  # cell id -> the ranks that measure it
+    unplaced: dict[str, str] = field(default_factory=dict)  # cell id -> why no ranks can (an error row)
     groups: dict[tuple[int, ...], dist.ProcessGroup | None] = field(default_factory=dict)
 
     @classmethod
@@ -51,11 +58,14 @@ class Layout:
         """Work out every cell's ranks and create the process groups (a collective: call on every rank)."""
         layout = cls(world=len(placement))
         for slot in group.slots:
-            layout.ranks.setdefault(slot.cell.cell_id, ranks_for(slot.cell, placement))
+            try:
+                layout.ranks.setdefault(slot.cell.cell_id, ranks_for(slot.cell, placement))
+            except Unplaceable as e:
+                layout.unplaced[slot.cell.cell_id] = str(e)
         everyone = tuple(range(layout.world))
         for cell_id in sorted(layout.ranks):  # one order on every rank
             ranks = layout.ranks[cell_id]
-            if isinstance(ranks, tuple) and ranks not in layout.groups:
+            if ranks not in layout.groups:
                 layout.groups[ranks] = None if ranks == everyone else dist.new_group(list(ranks))
         return layout
 

@@ -26,7 +26,7 @@ class RowContext:
     order_seed: int
     group_started_at: datetime
     group_setup_s: float | None = None  # known once the workers announce their first cell
-    group_setup_parts: str | None = None  # JSON: the group's start in parts (sweeps.trial.setup_parts)
+    group_setup_parts: str | None = None  # JSON: the group's start in parts (sweeps.startmarks.setup_parts)
     search: str = "grid"  # grid | race (results.racing)
     target_rel: float | None = None  # repeats: auto — the difference its rounds aim to resolve
 

@@ -55,15 +55,19 @@ class SweepPlan:
     def planned(self) -> int:
         return 0 if self.calibrate_only else len(self.cells) * self.spec.rounds
 
-    def groups(self) -> list[Group]:
-        """The pending pairs as worker groups (re-formed from what is missing on --resume)."""
+    def shapes(self) -> list[Group]:
+        """The pending pairs as worker groups (re-formed from what is missing on --resume), without their
+        decision rule: what to count or show."""
         if self.calibrate_only:
             return calibration_groups(self.cells, sweep_id=self.sweep_id)
         spec = self.spec
-        groups = plan_groups(self.todo, sweep_id=self.sweep_id, isolation=spec.isolation, calibrate=spec.calibrate)
-        if not spec.decides:
-            return groups
-        return [replace(g, rule=asdict(self.rule())) for g in groups]
+        return plan_groups(self.todo, sweep_id=self.sweep_id, isolation=spec.isolation, calibrate=spec.calibrate)
+
+    def groups(self) -> list[Group]:
+        """The groups to launch, each with the rule that decides its rounds: called once, as Tune starts, so
+        max_sweep_s counts from the sweep's start."""
+        rule = asdict(self.rule()) if self.spec.decides and not self.calibrate_only else None
+        return [replace(g, rule=rule) for g in self.shapes()] if rule else self.shapes()
 
     def rule(self) -> Rule:
         """How the groups decide between rounds; max_sweep_s counts from now (the sweep's start)."""
@@ -295,7 +299,7 @@ def execute(
 ) -> SweepOutcome:
     """Run the plan's pending pairs on Ray; every row lands in the store as its trial ends. A resumed sweep with
     nothing left to measure starts no Ray: it is compacted (if a stop left row files) and done."""
-    if not plan.groups():
+    if not plan.shapes():
         plan.store.ensure_writable()
         with claimed(plan):
             _compact(plan)

@@ -220,11 +220,12 @@ def rounds_of(group: Group, inbox, rank0: bool) -> Iterator[list[Slot]]:
         yield [by_key[tuple(k)] for k in message[0]]
 
 
-def _cell_ranks(w: Worker, slot: Slot) -> tuple[int, ...] | str:
-    """The ranks that measure the slot's cell (every rank outside `isolation: sweep`), or why none can."""
+def _cell_ranks(w: Worker, slot: Slot) -> tuple[int, ...]:
+    """The ranks that measure the slot's cell (every rank outside `isolation: sweep`; none where the host's
+    placement cannot give them: `Layout.unplaced` says why)."""
     if w.layout is None:
         return tuple(range(len(w.placement)))
-    return w.layout.ranks[slot.cell.cell_id]
+    return w.layout.ranks.get(slot.cell.cell_id, ())
 
 
 def _measure_slot(w: Worker, slot: Slot, extra: dict) -> None:
@@ -233,14 +234,15 @@ def _measure_slot(w: Worker, slot: Slot, extra: dict) -> None:
     and the placement of the cell's own ranks."""
     cell_id, repeat = slot.cell.cell_id, slot.repeat
     ranks = _cell_ranks(w, slot)
-    if isinstance(ranks, tuple) and dist.get_rank() not in ranks:
+    why_not = w.layout.unplaced.get(cell_id) if w.layout else None
+    if why_not is None and dist.get_rank() not in ranks:
         wait_for(cell_id, repeat)
         return
     started, t0 = datetime.now(UTC).isoformat(), time.perf_counter()
     if w.outbox is not None:
         w.outbox.put({"kind": "start", "key": [cell_id, repeat]})
-    if isinstance(ranks, str):
-        measurement, error = None, f"not measured: {ranks}"
+    if why_not is not None:
+        measurement, error = None, f"not measured: {why_not}"
     else:
         group = w.layout.process_group(ranks) if w.layout else None
         measurement, error = _measure(slot, w.device, w.threads, w.template, group)
@@ -248,13 +250,13 @@ def _measure_slot(w: Worker, slot: Slot, extra: dict) -> None:
         done = {"key": [cell_id, repeat], "started_at": started, "wall_s": time.perf_counter() - t0}
         own = _own_placement(w, ranks)
         w.outbox.put({"kind": "done", **done, "measurement": measurement, "error": error, **extra, **w.info, **own})
-    if w.layout is not None and isinstance(ranks, tuple) and len(ranks) < len(w.placement):
+    if w.layout is not None and ranks and len(ranks) < len(w.placement):
         announce(cell_id, repeat)  # rank 0 (always one of the cell's ranks): the waiting ranks go on
 
 
-def _own_placement(w: Worker, ranks: tuple[int, ...] | str) -> dict:
+def _own_placement(w: Worker, ranks: tuple[int, ...]) -> dict:
     """The placement of the ranks that measured the cell, and the host group's size."""
     own = {"host_world_size": len(w.placement)}
-    if isinstance(ranks, tuple):
+    if ranks:
         own |= placement_info([w.placement[r] for r in ranks]) | {"ranks": list(ranks)}
     return own

@@ -171,7 +171,7 @@ def test_auto_plans_max_rounds_and_looks_on_a_geometric_schedule():
 
 def test_each_cell_gets_the_first_ranks_of_each_node_of_the_host_group():
     from sweeps.grid import host_cell
-    from sweeps.ranks import ranks_for
+    from sweeps.ranks import Unplaceable, ranks_for
 
     s = SweepSpec(name="t", topology=["1x1", "1x2", "2x1", "2x2"], bucket_cap_mb=[25], use_gpu=False, backend="gloo")
     cells = {c.topology if c.step.mode == "ddp" else "single": c for c in expand(s)}
@@ -182,8 +182,10 @@ def test_each_cell_gets_the_first_ranks_of_each_node_of_the_host_group():
     assert ranks_for(cells["single"], two_nodes) == (0,)
     one_node = [{"node": "a"}, {"node": "a"}]
     assert ranks_for(cells["1x2"], one_node) == (0, 1) and ranks_for(cells["1x1"], one_node) == (0,)
-    assert "needs 2" in ranks_for(cells["2x1"], one_node)  # cannot be formed: an error row says why
+    with pytest.raises(Unplaceable, match="needs 2"):  # cannot be formed: an error row says why
+        ranks_for(cells["2x1"], one_node)
     uneven = [{"node": "a"}, {"node": "a"}, {"node": "b"}]
-    assert "holds 1 rank(s); topology 2x2 needs 2" in ranks_for(cells["2x2"], uneven)
+    with pytest.raises(Unplaceable, match=r"holds 1 rank\(s\); topology 2x2 needs 2"):
+        ranks_for(cells["2x2"], uneven)
     groups = plan_groups([(c, 0) for c in cells.values()], sweep_id="t", isolation="sweep")
     assert sorted(g.first.world_size for g in groups) == [2, 4]  # one worker group per node count
