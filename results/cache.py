@@ -88,7 +88,7 @@ class CachedStore:
     def memo(self, key: tuple, compute: Callable[[], T]) -> T:
         """`compute()` once per version of the store (its rows snapshot: calibration files are written with
         a group's rows): while it runs, requests for the same key wait for its result; later ones reuse it
-        until new rows arrive. A report took 5.3 s to render here, and 8 at once took over 60 s each."""
+        until new rows arrive (a report renders in seconds; a burst of identical requests renders it once)."""
         rows = self.table()
         with self._memo_locks[hash(key) % MEMO_LOCKS]:
             hit = self._memo.get(key)

@@ -49,7 +49,7 @@ def memory_limited(budget: int = MEMORY_BUDGET_BYTES) -> Iterator[None]:
 def limit_address_space(budget: int = MEMORY_BUDGET_BYTES) -> None:
     """Cap this process's writable private memory (RLIMIT_DATA: heap and anonymous mappings, what a query
     allocates) at what it holds now plus `budget`; never raises the hard limit. RLIMIT_AS would also count
-    the address space that allocators and thread pools reserve without using (a gigabyte here)."""
+    the address space that allocators and thread pools reserve without using."""
     with open("/proc/self/status") as f:
         size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmData:"))
     _, hard = resource.getrlimit(resource.RLIMIT_DATA)

@@ -117,7 +117,7 @@ if __name__ == "__main__":
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()
-    # Skip interpreter teardown: now and then (about 1 run in 10 of a 2-process gloo world here) a c10d/gloo
+    # Skip interpreter teardown: now and then a c10d/gloo
     # thread is still joinable when its object is destroyed at exit, and C++ aborts the process
     # ("terminate called without an active exception") after the row was printed.
     os._exit(code)

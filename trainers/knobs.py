@@ -6,7 +6,8 @@ from this table: `trainers.config.StepConfig`'s fields and their checks, the spe
 (`results.schema`), and every view's notion of "the same configuration" (`results.identity`: the analyses,
 compare, recommend, racing, scaling, the summary and the dashboard).
 
-Adding a knob: one entry here, and the code that applies it (for a DDP keyword, `trainers.step.wrap_ddp`).
+Adding a knob: one entry here, and the code that applies it (a DDP keyword needs none: `trainers.step.ddp_kwargs`
+passes every knob that names one).
 """
 
 from __future__ import annotations
