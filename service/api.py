@@ -30,6 +30,8 @@ from results.errors import StoreNotFound
 from results.report import render_html
 from results.store import require_label
 from service import dashboard, jobs
+from service.clusterstate import ClusterState
+from sweeps import envvars
 from trainers.errors import DDPSweepError
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,8 @@ class ServiceSettings:
     public_reads: bool = True  # reads without a token; `serve` sets False when it binds beyond loopback
     allowed_hosts: tuple[str, ...] | None = None  # Host header values accepted (None: any; `serve` sets them)
     allow_workload: tuple[str, ...] = ()  # module prefixes a submitted spec's `workload` may come from
+    allow_env: tuple[str, ...] = ()  # variables a submitted spec may set beyond sweeps.envvars.TUNING
+    workload_dir: str | None = None  # the folder shipped with a sweep naming an allowed workload (never the cwd)
     max_rows: int = STORE_MAX_ROWS  # rows the server keeps in memory; more is a 413 naming --max-rows
 
 
@@ -136,6 +140,22 @@ def check_workload_allowed(workload: str | None, prefixes: tuple[str, ...]) -> N
     )
 
 
+def check_env_allowed(spec, allowed: tuple[str, ...]) -> None:
+    """Over HTTP a spec sets tuning variables only (sweeps.envvars): NCCL also reads variables that load a
+    library or write a file at a path they name."""
+    refused = envvars.refused_over_http(spec.env, spec.env_grid, allowed)
+    if refused:
+        name = refused[0].partition(".")[2]
+        why = envvars.warning(name) or f"{name} is not one of the tuning variables this server accepts"
+        raise ApiError(
+            403,
+            "Forbidden",
+            f"{refused[0]}: {why}. Start the server with `ddpsweep serve --allow-env {name}` to accept it, or "
+            "submit with `ddpsweep submit` (the spec is then your own)",
+            refused[0],
+        )
+
+
 def _label(kind: str, value: str | None) -> str | None:
     return value if value is None else require_label(kind, value)
 
@@ -189,6 +209,18 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     return app
 
 
+def _submit(settings: ServiceSettings, text: str, cluster: str | None) -> dict:
+    """Validate a submitted spec (422 naming the field), apply the server's allowlists (403), submit it."""
+    spec = jobs.parse_submission(text)
+    check_workload_allowed(spec.workload, settings.allow_workload)
+    check_env_allowed(spec, settings.allow_env)
+    workdir = settings.workload_dir if jobs.needs_code(spec) else None
+    sweep_id, job_id = jobs.submit(
+        text, spec, address=settings.address, cluster=cluster, results=settings.results, workdir=workdir
+    )
+    return {"sweep_id": sweep_id, "job_id": job_id}
+
+
 def add_sweep_routes(app: FastAPI, settings: ServiceSettings, auth, read_auth: list) -> None:
     @app.post("/sweeps", status_code=201, dependencies=[auth], summary="Submit a sweep (spec as YAML or JSON)")
     async def submit_sweep(request: Request, cluster: str | None = None, results: str | None = None) -> dict:
@@ -200,12 +232,8 @@ def add_sweep_routes(app: FastAPI, settings: ServiceSettings, auth, read_auth: l
                 "results",
             )
         text = (await read_body(request, settings.max_body_bytes)).decode("utf-8", errors="replace")
-        spec = jobs.parse_submission(text)  # 422 naming the field, before anything is submitted
-        check_workload_allowed(spec.workload, settings.allow_workload)
-        sweep_id, job_id = jobs.submit(
-            text, spec, address=settings.address, cluster=_label("cluster", cluster), results=settings.results
-        )
-        return {"sweep_id": sweep_id, "job_id": job_id}
+        # parsing, the checks and the submission block (a slow cluster for seconds): off the event loop
+        return await run_in_threadpool(_submit, settings, text, _label("cluster", cluster))
 
     @app.get(
         "/sweeps",
@@ -299,7 +327,9 @@ def add_result_routes(app: FastAPI, settings: ServiceSettings, cache: CachedStor
 
 
 def add_dashboard_routes(app: FastAPI, settings: ServiceSettings, cache: CachedStore, read_auth: list) -> None:
-    """The dashboard's pages (service.dashboard); reads follow the API's rule."""
+    """The dashboard's pages (service.dashboard); reads follow the API's rule. The sweeps table's job states come
+    from one background poller (service.clusterstate): no request waits on the cluster."""
+    state = ClusterState(settings.address) if settings.address else None
 
     @app.get("/", response_class=HTMLResponse, dependencies=read_auth, summary="Dashboard: every sweep")
     def index() -> str:
@@ -307,7 +337,7 @@ def add_dashboard_routes(app: FastAPI, settings: ServiceSettings, cache: CachedS
 
     @app.get("/ui/sweeps.json", dependencies=read_auth, summary="The sweeps table of the dashboard")
     def sweeps_json() -> Response:
-        return Response(dashboard.sweeps_json(cache, settings.address), media_type="application/json")
+        return Response(dashboard.sweeps_json(cache, state), media_type="application/json")
 
     @app.get(
         "/ui/sweep/{cluster}/{sweep}",

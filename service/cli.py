@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from service import cli_cluster, cli_results
-from service.cli_common import fail
+from service.cli_common import echo, fail
 from trainers.errors import ConfigError, DDPSweepError
 
 if TYPE_CHECKING:
@@ -29,6 +29,16 @@ app = typer.Typer(
 @app.callback()
 def root() -> None:
     """ddpsweep: sweeps of DDP communication settings on Ray, results as Parquet."""
+
+
+def _warn_risky_env(spec) -> None:
+    """One line per variable that loads code or touches files (the CLI runs them: the machine is the user's)."""
+    from sweeps import envvars
+
+    for path in envvars.names(spec.env, spec.env_grid):
+        why = envvars.warning(path.partition(".")[2])
+        if why:
+            echo(f"warning: {path}: {why}", err=True)
 
 
 @app.command()
@@ -54,14 +64,15 @@ def run(
     stop_on_signals(session)
     try:
         plan = runner.plan_sweep(load_spec(spec), results=results, cluster=cluster, resume=resume, sweep_id=sweep_id)
+        _warn_risky_env(plan.spec)
         if dry_run:
-            typer.echo(cells_table(plan.cells, plan.spec.rounds, plan.spec.isolation))  # the grid first, always
+            echo(cells_table(plan.cells, plan.spec.rounds, plan.spec.isolation))  # the grid first, always
             if plan.spec.decides:
-                typer.echo(f"at most: {_decided(plan.spec)}")
+                echo(f"at most: {_decided(plan.spec)}")
             if not address and not os.environ.get("RAY_ADDRESS"):
                 _dry_run_here(runner, plan)  # then: could this machine's embedded Ray run it?
             return
-        typer.echo(
+        echo(
             f"sweep {plan.sweep_id}: {len(plan.todo)} of {plan.planned} measurements to run "
             f"in {len(plan.shapes())} worker group(s) -> {plan.store.uri}"
             + (f" (at most: {_decided(plan.spec)})" if plan.spec.decides else "")
@@ -72,7 +83,7 @@ def run(
                 address=address,
                 verbose=verbose,
                 progress=progress,
-                notice=lambda message: typer.echo(f"warning: {message}", err=True),
+                notice=lambda message: echo(f"warning: {message}", err=True),
             )
     except StoreFull as e:
         raise store_full(plan, spec, e) from None
@@ -105,8 +116,8 @@ def _dry_run_here(runner, plan) -> None:
     try:
         runner.check_local(plan)
     except ConfigError as e:
-        typer.echo(f"error: {e}", err=True)
-        typer.echo(
+        echo(f"error: {e}", err=True)
+        echo(
             "this machine's embedded Ray cannot run it; to check against the cluster it is meant for: "
             "ddpsweep run SPEC --dry-run --address HEAD:6379 (or RAY_ADDRESS)",
             err=True,
@@ -126,10 +137,10 @@ def progress_printer(total: int):
 def interrupted(plan, spec: str, code: int = 130) -> typer.Exit:
     """Ctrl-C (exit 130) or SIGTERM (exit 143): say so, print the exact command that continues the sweep."""
     if plan is None or _no_manifest(plan):
-        typer.echo("\ninterrupted before the sweep started measuring; nothing was written", err=True)
+        echo("\ninterrupted before the sweep started measuring; nothing was written", err=True)
         return typer.Exit(code)
-    typer.echo(f"\ninterrupted: sweep {plan.sweep_id} stopped; rows already written are kept.", err=True)
-    typer.echo(f"continue it with: {resume_command(plan, spec)}", err=True)
+    echo(f"\ninterrupted: sweep {plan.sweep_id} stopped; rows already written are kept.", err=True)
+    echo(f"continue it with: {resume_command(plan, spec)}", err=True)
     return typer.Exit(code)
 
 
@@ -140,9 +151,9 @@ def resume_command(plan, spec: str) -> str:
 
 def store_full(plan, spec: str, e: Exception) -> typer.Exit:
     """The results device is full: one line, then (if the sweep had started) how to continue it, exit 2."""
-    typer.echo(f"error: {e}; rows already written are kept", err=True)
+    echo(f"error: {e}; rows already written are kept", err=True)
     if plan is not None and not _no_manifest(plan):
-        typer.echo(f"free space, then continue it with: {resume_command(plan, spec)}", err=True)
+        echo(f"free space, then continue it with: {resume_command(plan, spec)}", err=True)
     return typer.Exit(2)
 
 
@@ -158,8 +169,8 @@ def _print_summary(outcome, summary_text) -> None:
 
     rows = load(outcome.results, cluster=outcome.cluster, sweep=outcome.sweep_id)
     errors = int((rows["status"] == "error").sum())
-    typer.echo("\n" + summary_text(rows))
-    typer.echo(
+    echo("\n" + summary_text(rows))
+    echo(
         f"\n{len(rows)} rows ({errors} errors) in {outcome.results} cluster={outcome.cluster} sweep={outcome.sweep_id}"
     )
 
@@ -185,21 +196,21 @@ def calibrate(
         plan.calibrate_only = True
         if not plan.shapes():
             raise ConfigError("workers", plan.spec.workers, "a spec with at least one multi-rank worker group")
-        typer.echo(f"calibration {plan.sweep_id}: {len(plan.shapes())} worker group(s) -> {plan.store.uri}")
+        echo(f"calibration {plan.sweep_id}: {len(plan.shapes())} worker group(s) -> {plan.store.uri}")
         runner.execute(plan, address=address, verbose=verbose)
         fits = costmodel.fits(load_calibration(plan.store.uri, plan.cluster, plan.sweep_id))
     except DDPSweepError as e:
         raise fail(str(e)) from None
     except KeyboardInterrupt:
-        typer.echo("\ninterrupted: calibration stopped; groups already calibrated are kept (run it again)", err=True)
+        echo("\ninterrupted: calibration stopped; groups already calibrated are kept (run it again)", err=True)
         raise typer.Exit(143 if session.terminated() else 130) from None
     for f in fits.itertuples():
         fit = f"alpha {f.alpha_ms * 1e3:.0f} us, beta {f.beta_gbps:.2f} GB/s algbw"
-        typer.echo(
+        echo(
             f"{f.world_size} ranks on {f.num_nodes} node(s), {f.backend}: {fit}, "
             f"max residual {f.max_rel_residual:.0%} (uses the {f.uses})"
         )
-    typer.echo(f"\nrows: ddpsweep query \"select * from calibration where sweep_id = '{plan.sweep_id}'\"")
+    echo(f"\nrows: ddpsweep query \"select * from calibration where sweep_id = '{plan.sweep_id}'\"")
 
 
 for command in (*cli_results.COMMANDS, *cli_cluster.COMMANDS):

@@ -3,11 +3,12 @@ stop, serve. Registered on the one app by `service.cli`."""
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
 
-from service.cli_common import DEFAULT_RESULTS, AddressOpt, ResultsOpt, fail
+from service.cli_common import DEFAULT_RESULTS, AddressOpt, ResultsOpt, echo, fail
 from trainers.errors import DDPSweepError
 
 
@@ -28,10 +29,12 @@ def submit(
 
     try:
         parsed, text = load_spec_text(spec)  # the text submitted is the text validated (env:NAME included)
+        if workdir is None and jobs.needs_code(parsed):
+            workdir = os.getcwd()  # the user's own folder, checked before anything is packaged
         sweep_id, job_id = jobs.submit(text, parsed, address=address, cluster=cluster, results=results, workdir=workdir)
     except DDPSweepError as e:
         raise fail(str(e)) from None
-    typer.echo(f"sweep {sweep_id} submitted as job {job_id}")
+    echo(f"sweep {sweep_id} submitted as job {job_id}")
 
 
 def status(
@@ -46,9 +49,9 @@ def status(
     except DDPSweepError as e:
         raise fail(str(e)) from None
     if not found:
-        typer.echo("no sweeps on this cluster")
+        echo("no sweeps on this cluster")
     for s in found:
-        typer.echo(
+        echo(
             f"{s.sweep_id}  {s.state:<9}  cells {s.written}/{s.planned}  errors {s.errors}  "
             f"cluster={s.cluster}  {s.results}"
         )
@@ -66,7 +69,7 @@ def logs(
 
     try:
         if not follow:
-            typer.echo(jobs.logs(address, sweep_id), nl=False)
+            echo(jobs.logs(address, sweep_id), nl=False)
             return
 
         from service.progress import LogProgress
@@ -89,7 +92,7 @@ def stop(sweep_id: Annotated[str, typer.Argument(help="the sweep id")], address:
         stopped = jobs.stop(address, sweep_id)
     except DDPSweepError as e:
         raise fail(str(e)) from None
-    typer.echo(f"sweep {sweep_id}: {'stop requested' if stopped else 'was not running'}")
+    echo(f"sweep {sweep_id}: {'stop requested' if stopped else 'was not running'}")
 
 
 def serve(
@@ -105,6 +108,18 @@ def serve(
         list[str],
         typer.Option("--allow-workload", help="module prefix whose workloads POST /sweeps may name (e.g. acme.models)"),
     ] = [],  # noqa: B006 — typer's list default
+    allow_env: Annotated[
+        list[str],
+        typer.Option(
+            "--allow-env", help="a variable POST /sweeps may set beyond the tuning ones (e.g. NCCL_TOPO_FILE)"
+        ),
+    ] = [],  # noqa: B006 — typer's list default
+    workload_dir: Annotated[
+        str | None,
+        typer.Option(
+            "--workload-dir", help="the folder shipped with sweeps naming an allowed workload (never the cwd)"
+        ),
+    ] = None,
     max_rows: Annotated[
         int, typer.Option("--max-rows", min=1, help="rows kept in memory (about 0.5 KB each); more is a 413")
     ] = 5_000_000,
@@ -126,7 +141,7 @@ def serve(
         import secrets
 
         token = secrets.token_urlsafe(24)
-        typer.echo(f"no token given: this server's bearer token is {token}", err=True)
+        echo(f"no token given: this server's bearer token is {token}", err=True)
     loopback = is_loopback(f"http://{host}")
     hosts = ("127.0.0.1", "localhost", "[::1]", "::1") if loopback else None  # beyond loopback: the token guards
     hosts = (*hosts, *allow_host) if hosts is not None else None
@@ -137,9 +152,21 @@ def serve(
         public_reads=loopback,
         allowed_hosts=hosts,
         allow_workload=tuple(allow_workload),
+        allow_env=tuple(allow_env),
+        workload_dir=_workload_dir(workload_dir),
         max_rows=max_rows,
     )
     uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
+
+
+def _workload_dir(path: str | None) -> str | None:
+    """--workload-dir, checked once at start (links that leave it, loops, size): one line and exit 2 otherwise."""
+    from service.workdir import check_workdir
+
+    try:
+        return None if path is None else str(check_workdir(path, what="--workload-dir"))
+    except DDPSweepError as e:
+        raise fail(str(e)) from None
 
 
 COMMANDS = (submit, status, logs, stop, serve)

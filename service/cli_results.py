@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from service.cli_common import DEFAULT_RESULTS, ResultsOpt, fail
+from service.cli_common import DEFAULT_RESULTS, ResultsOpt, echo, fail
 from trainers.errors import ConfigError, DDPSweepError
 
 
@@ -27,12 +27,12 @@ def query(
     from results.query import render
 
     def expired() -> None:  # an interrupt DuckDB did not honour, or views that ran past the limit
-        typer.echo(f"error: query exceeded the time limit of {timeout:g} s", err=True)
+        echo(f"error: query exceeded the time limit of {timeout:g} s", err=True)
         os._exit(2)
 
     try:
         with isolation.memory_limited(), isolation.hard_deadline(timeout + isolation.GRACE_S, expired):
-            typer.echo(render(run_query(results, sql, timeout_s=timeout), fmt))
+            echo(render(run_query(results, sql, timeout_s=timeout), fmt), data=fmt != "table")
     except DDPSweepError as e:
         raise fail(str(e)) from None
 
@@ -57,15 +57,15 @@ def compact(
     for c in (c for c in done if c.files_read or c.skipped):
         where = f"cluster={c.cluster}" + (" pack" if c.sweep_id == "*" else f" sweep={c.sweep_id}")
         if c.skipped:
-            typer.echo(f"{where}: skipped: {c.skipped}", err=True)
+            echo(f"{where}: skipped: {c.skipped}", err=True)
         else:
-            typer.echo(f"{where}: {c.files_read} file(s) -> 1, {c.rows} rows, {c.files_removed} file(s) removed")
+            echo(f"{where}: {c.files_read} file(s) -> 1, {c.rows} rows, {c.files_removed} file(s) removed")
     idle = sum(not c.files_read and not c.skipped for c in done)
     skipped = sum(bool(c.skipped) for c in done)
     counts = f"{len(done) - idle - skipped} compacted, {idle} already compact" + (
         f", {skipped} skipped" * bool(skipped)
     )
-    typer.echo(counts if done else "nothing to compact")
+    echo(counts if done else "nothing to compact")
 
 
 def compare(
@@ -95,7 +95,7 @@ def compare(
                 known = ", ".join(sorted(set(both["sweep_id"])))
                 raise ConfigError("--sweep", unknown[0], f"a sweep of these clusters: {known}")
             both = both[both["sweep_id"].isin(sweep)]
-        typer.echo(render(compare_clusters(both, cluster[0], cluster[1]), fmt))
+        echo(render(compare_clusters(both, cluster[0], cluster[1]), fmt), data=fmt != "table")
         if scaling_figure:
             _write_scaling_figure(both, scaling_figure)
     except DDPSweepError as e:
@@ -113,7 +113,7 @@ def _write_scaling_figure(rows, path: str) -> None:
         plots.scaling_figure(table).savefig(path, format="png", dpi=110)
     except OSError as e:
         raise ConfigError("--scaling-figure", path, f"a writable .png path ({e.strerror or e})") from None
-    typer.echo(f"scaling curves: {path}", err=True)
+    echo(f"scaling curves: {path}", err=True)
 
 
 def scaling(
@@ -159,10 +159,10 @@ def scaling(
         "busbw_gbps",
         "knee",
     ]
-    typer.echo(render(table[shown], fmt))
+    echo(render(table[shown], fmt), data=fmt != "table")
     for k in table[table["knee_why"] != ""].itertuples():
         what = "knee" if k.knee else "drop"  # every significant drop is named; the knee is the steepest
-        typer.echo(
+        echo(
             f"{what}: {k.cluster} gas={k.gas} bucket={k.bucket_cap_mb:g} MB at {k.topology}: {k.knee_why}",
             err=fmt != "table",
         )
@@ -193,11 +193,11 @@ def report(
             if not written:
                 raise ConfigError("--results", results, "a store with ok rows to draw (every row is an error)")
             for path in written:
-                typer.echo(str(path))
+                echo(str(path))
             return
         title = f"ddpsweep report: {', '.join(cluster or ['all clusters'])}"
         Path(out).write_text(render_html(rows, title, algbw, calibration))
-        typer.echo(out)
+        echo(out)
     except DDPSweepError as e:
         raise fail(str(e)) from None
     except OSError as e:
@@ -224,7 +224,7 @@ def recommend(
         recs = run_recommend(load(results, cluster=cluster, sweep=sweep))
     except DDPSweepError as e:
         raise fail(str(e)) from None
-    typer.echo(to_json(recs) if fmt == "json" else to_text(recs))
+    echo(to_json(recs) if fmt == "json" else to_text(recs))
 
 
 COMMANDS = (query, compact, compare, scaling, report, recommend)

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from results import analysis, identity, recommend, scaling
 from results import compare as compare_mod
 from results.cache import ANALYSIS_MAX_ROWS, CachedStore
-from service import jobs
+from service.clusterstate import ClusterState
 from service.svg import Point, Series, line_chart
 from sweeps import machine
 
@@ -40,20 +40,22 @@ TEMPLATES = jinja2.Environment(
 )
 
 
-def sweeps(cache: CachedStore, address: str | None) -> list[dict]:
-    """One dict per sweep: cluster, sweep_id, spec_name, started, state, written, planned, errors."""
+def sweeps(cache: CachedStore, cluster: ClusterState | None) -> list[dict]:
+    """One dict per sweep: cluster, sweep_id, spec_name, started, state, written, planned, errors. The cluster's
+    job states are its last answer (service.clusterstate), `(stale)` where that answer is old or missing."""
     running_here = machine.sweeps_measuring()
-    remote = _jobs_by_sweep(address)
+    remote, stale = cluster.latest() if cluster is not None else ({}, False)
+    mark = " (stale)" if stale else ""
     out = []
     for g in sweep_counts(cache.table()):
-        cluster, sweep = g["cluster"], g["sweep_id"]
-        manifest = cache.manifest(cluster, sweep)
+        cluster_label, sweep = g["cluster"], g["sweep_id"]
+        manifest = cache.manifest(cluster_label, sweep)
         job = remote.get(sweep)
-        state = job.state if job else ("RUNNING (this machine)" if sweep in running_here else "")
+        state = job.state + mark if job else ("RUNNING (this machine)" if sweep in running_here else "")
         written, planned = g["status_count"], int(manifest.get("planned", 0)) if manifest else 0
         out.append(
             {
-                "cluster": cluster,
+                "cluster": cluster_label,
                 "sweep_id": sweep,
                 "spec_name": str(g["spec_name_first"]),
                 "started": str(g["started_at_min"])[:19],
@@ -70,7 +72,7 @@ def sweeps(cache: CachedStore, address: str | None) -> list[dict]:
             "sweep_id": j.sweep_id,
             "spec_name": "",
             "started": "",
-            "state": j.state,
+            "state": j.state + mark,
             "written": 0,
             "planned": j.planned,
             "errors": 0,
@@ -88,15 +90,6 @@ def sweep_counts(table: pa.Table) -> list[dict]:
     t = t.append_column("is_error", pc.cast(pc.equal(t["status"], "error"), pa.int64()))
     aggregates = [("spec_name", "first"), ("started_at", "min"), ("status", "count"), ("is_error", "sum")]
     return t.group_by(["cluster", "sweep_id"], use_threads=False).aggregate(aggregates).to_pylist()
-
-
-def _jobs_by_sweep(address: str | None) -> dict:
-    if not address:
-        return {}
-    try:
-        return {s.sweep_id: s for s in jobs.status(address)}
-    except Exception:  # noqa: BLE001 — the store's sweeps are shown without Ray Jobs state
-        return {}
 
 
 SWEEPS_SCRIPT = """
@@ -306,5 +299,5 @@ def compare_page(cache: CachedStore, a: str | None, b: str | None, by: str = "cl
     return TEMPLATES.get_template("compare.html").render(style=markupsafe.Markup(STYLE), script="", **context)
 
 
-def sweeps_json(cache: CachedStore, address: str | None) -> str:
-    return json.dumps(sweeps(cache, address))
+def sweeps_json(cache: CachedStore, cluster: ClusterState | None) -> str:
+    return json.dumps(sweeps(cache, cluster))

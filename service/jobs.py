@@ -13,9 +13,10 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from results.store import Store, require_label
+from service.workdir import check_workdir
 from sweeps.spec import SpecError, SweepSpec, new_sweep_id
 from sweeps.specfile import parse_spec
-from trainers.errors import DDPSweepError
+from trainers.errors import ConfigError, DDPSweepError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SPEC_ENV = "DDPSWEEP_SPEC_YAML"  # the spec travels to the job in its runtime_env
@@ -130,6 +131,11 @@ def _ours(workload: str) -> bool:
     return workload.split(".", 1)[0].split(":", 1)[0] in PACKAGES
 
 
+def needs_code(spec: SweepSpec) -> bool:
+    """The spec names a workload that is not ddpsweep's own: its code must travel with the job."""
+    return spec.workload is not None and not _ours(spec.workload)
+
+
 def submit(
     spec_yaml: str,
     spec: SweepSpec,
@@ -140,7 +146,17 @@ def submit(
     workdir: str | None = None,
 ) -> tuple[str, str]:
     """Submit `ddpsweep run` as a Ray Job. Returns (sweep_id, job_id). A spec whose workload is not one of
-    ddpsweep's own ships `workdir` (default: the current directory) as the job's working directory."""
+    ddpsweep's own ships `workdir` (checked first: service.workdir) as the job's working directory; without
+    one, such a spec is refused (the caller chooses what to ship: the CLI the user's folder, the server only
+    the folder it was started with)."""
+    if needs_code(spec) and workdir is None:
+        raise ConfigError(
+            "workload",
+            spec.workload,
+            "a workload whose code this submission ships: give --workdir (ddpsweep submit) or start the server "
+            "with --workload-dir DIR",
+        )
+    shipped = None if workdir is None else str(check_workdir(workdir))
     addr = resolve_address(address)
     results = results or spec.results
     cluster = cluster or spec.cluster
@@ -169,10 +185,10 @@ def submit(
         "excludes": EXCLUDES,
         "env_vars": {SPEC_ENV: spec_yaml, **{k: str(v) for k, v in spec.env.items()}},
     }
-    if workdir is not None or (spec.workload is not None and not _ours(spec.workload)):
+    if shipped is not None:
         # The workload's code must reach the job and its workers: the user's folder becomes the working
         # directory (importable there, as for `python -m`), and ddpsweep's own packages travel as py_modules.
-        runtime_env["working_dir"] = str(Path(workdir or os.getcwd()).resolve())
+        runtime_env["working_dir"] = shipped
         runtime_env["py_modules"] = [str(PROJECT_ROOT / p) for p in PACKAGES]
     metadata = {"ddpsweep": "1", "cluster": cluster, "results": results, "spec_name": spec.name}
     try:

@@ -24,6 +24,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from service.cli_common import printable
+
 LINE_COUNT = re.compile(r"^\[(\d+)/(\d+)\] ")  # the "[done/total] " that starts every progress line
 
 
@@ -48,7 +50,9 @@ class _LiveOutput:
             self._bar.stop()
 
     def _line(self, text: str, **update) -> None:
-        """Print `text` (above the bar when live) and, when live, update the bar's task with `update`."""
+        """Print `text` (above the bar when live) and, when live, update the bar's task with `update`; its control
+        characters escaped (a row's error text is the workload's)."""
+        text = printable(text)
         if self._bar is not None:
             self._bar.update(self._task, errors=self.errors, **update)
             self._bar.console.print(text, markup=False, highlight=False)
@@ -103,7 +107,7 @@ class LogProgress(_LiveOutput):
         if self._bar is None:
             if self.open:
                 try:
-                    print(chunk, end="", file=self.stream, flush=True)
+                    print(printable(chunk), end="", file=self.stream, flush=True)
                 except (BrokenPipeError, OSError):
                     self.open = False
             return

@@ -123,8 +123,10 @@ def network(node_ip: str) -> dict:
     }
 
 
-def collect(device: torch.device) -> dict:
-    """Fingerprint columns of the row schema (except `hosts`, gathered from every rank)."""
+def collect(device: torch.device, given: dict[str, str] | None = None) -> dict:
+    """Fingerprint columns of the row schema (except `hosts`, gathered from every rank). `env`: the NCCL/GLOO
+    variables in force on the worker, those the spec set (`given`) as the spec wrote them: a value the process
+    saw differently (Ray expands ${VAR} from the cluster's environment) is never recorded."""
     cuda = device.type == "cuda"
     nccl = _nccl_version() if cuda else ""
     return {
@@ -140,5 +142,7 @@ def collect(device: torch.device) -> dict:
         "python_version": platform.python_version(),
         "ddpsweep_version": _version("ddpsweep"),
         "topology": _run(["nvidia-smi", "topo", "-m"]) if cuda else "",
-        "env": json.dumps({k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}),
+        "env": json.dumps(
+            dict(sorted(({k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)} | (given or {})).items()))
+        ),
     }

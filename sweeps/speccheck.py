@@ -145,13 +145,19 @@ def check_env_name(path: str, k: Any) -> None:
         raise fail(path, k, f"a variable name of A-Z, 0-9, '_' starting with {', '.join(ENV_PREFIXES)}")
 
 
-ENV_VALUE_RULE = "a string or number (no NUL byte, at most 4096 characters)"
+ENV_VALUE_RULE = (
+    "a literal string or number of printable characters, at most 4096, without `$` (Ray expands ${VAR} from the "
+    "cluster's own environment when it starts the workers: a value is never a reference)"
+)
 
 
 def env_value_ok(v: Any) -> bool:
+    """A literal value: printable (no control characters: a row's `env` and the recommended snippet print it)
+    and without `$`, which Ray's runtime_env would expand from the cluster's environment into every row."""
     finite = not isinstance(v, float) or math.isfinite(v)
     text_ok = isinstance(v, (str, int, float)) and not isinstance(v, bool)
-    return text_ok and finite and "\0" not in str(v) and len(str(v)) <= 4096
+    text = str(v)
+    return text_ok and finite and text.isprintable() and "$" not in text and len(text) <= 4096
 
 
 def validate_env_grid(grid: Any, env: dict) -> None:

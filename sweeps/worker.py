@@ -185,7 +185,8 @@ def train_fn_per_worker(config: dict) -> None:
     layout = Layout.build(group, placement) if group.isolation == "sweep" else None
     marks["process_groups"] = time.time()
     marks["placement_group"] = min(p["process_started"] for p in placement)  # the first worker process
-    info = {"fingerprint": fingerprint.collect(device)} | placement_info(placement) if rank0 else {}
+    given = config.get("env", {})  # the variables the spec gave this group, as it gave them
+    info = {"fingerprint": fingerprint.collect(device, given)} | placement_info(placement) if rank0 else {}
     template = build_model(group.first.step, device)  # built once; every cell starts from a copy of it
     marks["model"] = time.time()
     w = Worker(group, device, threads, template, placement, layout, config["outbox"] if rank0 else None, info)

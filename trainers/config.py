@@ -66,6 +66,8 @@ class StepConfig(_StepKnobs):
     def _check_workload(self) -> None:
         if not isinstance(self.workload, str) or not WORKLOAD_PATH.fullmatch(self.workload):
             raise ConfigError("workload", self.workload, "an import path `package.module:factory`")
+        if self.workload.partition(":")[2].startswith("_"):
+            raise ConfigError("workload", self.workload, "a public factory: a name that does not start with '_'")
         try:
             args = json.loads(self.workload_args)
         except (TypeError, ValueError):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import json
 import os
 import sys
@@ -77,15 +78,25 @@ def load_factory(path: str):
     """The factory named by `package.module:attr` (the working directory is importable too, as for
     `python -m`: a workload file beside the spec works from the `ddpsweep` script)."""
     module_name, _, attr = path.partition(":")
+    if attr.startswith("_"):
+        raise ConfigError("workload", path, "a public factory: a name that does not start with '_'")
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise ConfigError("workload", path, f"an importable module ({e})") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise ConfigError("workload", path, f"a callable {attr!r} in module {module_name}")
+    factory = inspect.getattr_static(module, attr, None)  # nothing of the module runs to look it up
+    if not (inspect.isfunction(factory) or inspect.isclass(factory)):
+        raise ConfigError("workload", path, f"a function or class {attr!r} defined in module {module_name}")
+    home = getattr(factory, "__module__", "") or ""
+    if home != module_name and not home.startswith(module_name + "."):
+        raise ConfigError(
+            "workload",
+            path,
+            f"a factory defined in {module_name} (or a module under it): {attr} is {home}'s; a module's imports "
+            f"are not workloads (name it {home}:{attr} if that module is yours)",
+        )
     return factory
 
 

@@ -1,0 +1,242 @@
+"""Hardening, round 4: secrets copied into rows, a pasted snippet that runs code, the workload allowlist
+bypassed, variables that load libraries or write files, and the server's working directory shipped. Each test
+failed on the code before its fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from results.store import Store
+from service.api import ServiceSettings, create_app
+from service.cli import app
+from service.workdir import check_workdir
+from sweeps.spec import SpecError
+from sweeps.specfile import parse_spec
+from tests.seed_rows import seed_rows
+from trainers.errors import ConfigError
+
+
+def client(**settings) -> TestClient:
+    defaults = {"address": "http://127.0.0.1:9", "results": "/nonexistent/r", "token": "t"}
+    return TestClient(create_app(ServiceSettings(**(defaults | settings))))
+
+
+def post(c: TestClient, text: str):
+    return c.post("/sweeps", content=text, headers={"Authorization": "Bearer t"})
+
+
+# 1. secrets: a value is a literal, and the row records the spec's value, not what the process saw
+
+
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [
+        ('env: {GLOO_LEAK: "${SECRET_CLUSTER_TOKEN}"}', "env.GLOO_LEAK"),
+        ("env: {NCCL_DEBUG: $HOME}", "env.NCCL_DEBUG"),
+        ('env_grid: {NCCL_ALGO: [Ring, "Tree\\u001b]52;c;AAAA\\u0007"]}', "env_grid.NCCL_ALGO[1]"),
+        ('env: {NCCL_ALGO: "Ring\\nTree"}', "env.NCCL_ALGO"),
+    ],
+)
+def test_env_values_are_literal_printable_text(line, field):
+    with pytest.raises(SpecError) as e:
+        parse_spec(f"name: x\n{line}\n")
+    assert e.value.field == field and "$" in e.value.allowed and "printable" in e.value.allowed
+
+
+def test_a_secret_in_an_env_value_is_refused_over_http_before_submission():
+    r = post(client(), 'name: x\nenv: {GLOO_LEAK: "${SECRET_CLUSTER_TOKEN}"}\n')
+    assert r.status_code == 422 and r.json()["error"]["field"] == "env.GLOO_LEAK"
+
+
+def test_the_row_records_the_value_the_spec_gave(monkeypatch):
+    from sweeps import fingerprint
+
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "what-ray-expanded")
+    monkeypatch.setenv("NCCL_IB_HCA", "the-clusters-own")
+    env = json.loads(fingerprint.collect(torch.device("cpu"), {"NCCL_SOCKET_IFNAME": "eth0"})["env"])
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["NCCL_IB_HCA"] == "the-clusters-own"
+
+
+# 2. nothing stored reaches a terminal as a control sequence; a pasted snippet runs nothing
+
+
+def test_text_output_escapes_control_characters_from_stored_rows(tmp_path):
+    store = Store.open(str(tmp_path))
+    osc52 = "\x1b]52;c;ZXZpbA==\x07"
+    for r in seed_rows():
+        store.write_row(r | {"env": json.dumps({"NCCL_ALGO": f"Ring{osc52}; touch pwned"})})
+    store.write_row(seed_rows()[1] | {"cell_id": "bad", "status": "error", "error": f"boom{osc52}\x1b[2J"})
+    runner = CliRunner()
+    rec = runner.invoke(app, ["recommend", "--results", str(tmp_path)])
+    query = runner.invoke(app, ["query", "select error from cells where status = 'error'", "--results", str(tmp_path)])
+    for out in (rec.output, query.output):
+        assert "\x1b" not in out and "\x07" not in out
+    assert "\\x1b]52" in rec.output and "\\x1b[2J" in query.output
+    assert "export NCCL_ALGO='Ring" in rec.output  # quoted: `; touch pwned` stays inside the value
+
+
+# 3. a workload factory is a public function or class defined in the module it is named from
+
+
+EVIL = """
+from json import loads as load_state_dict_from_url  # an import, not a workload
+
+
+def build():
+    raise AssertionError("never called by these tests")
+
+
+class Workload:
+    pass
+"""
+
+
+@pytest.fixture
+def evil_module(tmp_path, monkeypatch):
+    (tmp_path / "acme_models").mkdir()
+    (tmp_path / "acme_models" / "__init__.py").write_text("")
+    (tmp_path / "acme_models" / "gpt.py").write_text(EVIL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "acme_models.gpt"
+    sys.modules.pop("acme_models.gpt", None)
+    sys.modules.pop("acme_models", None)
+
+
+@pytest.mark.parametrize(
+    ("attr", "why"),
+    [("load_state_dict_from_url", "defined in acme_models.gpt"), ("__builtins__", "public"), ("_x", "public")],
+)
+def test_a_factory_the_module_only_imported_or_hides_is_refused(evil_module, attr, why):
+    from trainers.workload import load_factory
+
+    with pytest.raises(ConfigError) as e:
+        load_factory(f"{evil_module}:{attr}")
+    assert e.value.field == "workload" and why in e.value.allowed
+
+
+def test_a_factory_defined_in_the_module_loads_without_being_called(evil_module):
+    from trainers.workload import load_factory
+
+    assert load_factory(f"{evil_module}:build").__name__ == "build"
+    assert load_factory(f"{evil_module}:Workload").__name__ == "Workload"
+
+
+def test_a_private_factory_is_refused_at_validation():
+    with pytest.raises(SpecError) as e:
+        parse_spec('name: x\nworkload: "acme.models:__class__"\n')
+    assert e.value.field == "workload" and "public" in e.value.allowed
+
+
+# 4. over HTTP, tuning variables only; the CLI warns for the others
+
+
+@pytest.mark.parametrize("name", ["NCCL_NET_PLUGIN", "NCCL_DEBUG_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "GLOO_X"])
+def test_a_variable_beyond_tuning_is_a_403_naming_it(name):
+    r = post(client(), f"name: x\nenv: {{{name}: /tmp/x}}\n")
+    assert r.status_code == 403 and r.json()["error"]["field"] == f"env.{name}"
+    assert f"--allow-env {name}" in r.json()["error"]["message"]
+    grid = post(client(), f"name: x\nenv_grid: {{{name}: [/tmp/x, /tmp/y]}}\n")
+    assert grid.status_code == 403 and grid.json()["error"]["field"] == f"env_grid.{name}"
+
+
+def test_allow_env_and_tuning_variables_pass_the_check():
+    allowed = post(client(allow_env=("NCCL_TOPO_FILE",)), "name: x\nenv: {NCCL_TOPO_FILE: /etc/topo.xml}\n")
+    tuning = post(client(), "name: x\nenv: {NCCL_ALGO: Ring}\nenv_grid: {NCCL_PROTO: [Simple, LL]}\n")
+    assert allowed.status_code != 403 and tuning.status_code != 403  # on to the (unreachable) cluster
+
+
+def test_the_cli_warns_for_a_variable_that_loads_code(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: x\nworkers: [2]\nenv: {NCCL_NET_PLUGIN: /tmp/evil.so}\n")
+    out = CliRunner().invoke(app, ["run", str(spec), "--dry-run", "--results", str(tmp_path / "r")])
+    assert "warning: env.NCCL_NET_PLUGIN" in out.output and "dlopen" in out.output
+
+
+# 5. the server ships only the folder it was started with; folders are checked before packaging
+
+
+def test_a_server_without_a_workload_dir_ships_nothing_of_its_own(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the server's cwd, with a secret in it
+    (tmp_path / "secret.txt").write_text("s3cr3t")
+    c = client(allow_workload=("acme",))
+    r = post(c, 'name: x\nworkload: "acme.models:build"\n')
+    assert r.status_code == 422 and r.json()["error"]["field"] == "workload"
+    assert "--workload-dir" in r.json()["error"]["message"]
+
+
+def test_workdirs_that_leave_loop_or_are_missing_are_refused_before_packaging(tmp_path):
+    ok = tmp_path / "ok"
+    (ok / "pkg").mkdir(parents=True)
+    (ok / "pkg" / "m.py").write_text("x = 1\n")
+    os.symlink(ok / "pkg" / "m.py", ok / "inside_link.py")
+    assert check_workdir(ok) == ok.resolve()
+    leaks = tmp_path / "leaks"
+    leaks.mkdir()
+    os.symlink("/etc", leaks / "ssh_link")
+    loops = tmp_path / "loops"
+    (loops / "a").mkdir(parents=True)
+    os.symlink(loops, loops / "a" / "up")
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "blob").write_bytes(b"0" * 4096)
+    cases = [(leaks, "links stay inside"), (loops, "without loops"), (tmp_path / "nope", "an existing folder")]
+    cases += [("/", "not the filesystem root")]
+    for path, why in cases:
+        with pytest.raises(ConfigError) as e:
+            check_workdir(path)
+        assert why in e.value.allowed, (path, e.value)
+    with pytest.raises(ConfigError, match="at most"):
+        check_workdir(big, max_bytes=1024)
+
+
+def test_serve_refuses_a_workload_dir_that_leaks(tmp_path):
+    os.symlink("/etc", tmp_path / "etc_link")
+    out = CliRunner().invoke(app, ["serve", "--workload-dir", str(tmp_path), "--port", "9"])
+    assert out.exit_code == 2 and "--workload-dir" in out.output and "etc_link" in out.output
+
+
+# 7. a hung cluster stalls no request
+
+
+def test_a_hung_cluster_stalls_no_request(tmp_path, live_server):
+    """A job server that accepts and never answers: 45 token-free dashboard polls and a POST in flight, and
+    /cells and /openapi.json still answer at once (before: 14.4 s and 15.3 s)."""
+    import socket
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(128)  # connections complete in the kernel's backlog; nothing ever answers
+    store = Store.open(str(tmp_path))
+    for r in seed_rows():
+        store.write_row(r)
+    address = f"http://127.0.0.1:{hung.getsockname()[1]}"
+    base = live_server(create_app(ServiceSettings(address=address, results=str(tmp_path), token="t")))
+    try:
+        with ThreadPoolExecutor(50) as pool:
+            polls = [pool.submit(httpx.get, f"{base}/ui/sweeps.json", timeout=60) for _ in range(45)]
+            submit = pool.submit(
+                httpx.post, f"{base}/sweeps", content="name: x\n", headers={"Authorization": "Bearer t"}, timeout=60
+            )
+            time.sleep(1.0)
+            took = {}
+            for path in ("/cells?format=json", "/openapi.json"):
+                t0 = time.perf_counter()
+                assert httpx.get(base + path, timeout=60).status_code == 200
+                took[path] = time.perf_counter() - t0
+            answers = [p.result() for p in polls]
+        assert max(took.values()) < 3.0, took
+        assert {a.status_code for a in answers} == {200}
+        assert submit.result().status_code == 503  # the cluster's timeout, answered in its own thread
+    finally:
+        hung.close()
