@@ -63,11 +63,19 @@ def noisy_rows(rows: pd.DataFrame) -> pd.Series:
 
 
 def usable(rows: pd.DataFrame) -> pd.DataFrame:
-    """The rows decisions are made from: ok and replicas in sync. A round whose control drifted stays (its flag
-    is a diagnostic): within a group, comparisons are round-blocked, so a slow round moves every cell together;
-    dropping it cost a third of a 3-round sweep's data and widened every interval by t(1)/z = 6.5x."""
-    keep = (rows["status"] == "ok") & (rows["replicas_in_sync"] != False)  # noqa: E712
+    """The rows decisions are made from: ok, replicas in sync, and not slowed on purpose (a benchmark's planted
+    slowdown: `planted`). A round whose control drifted stays (its flag is a diagnostic): within a group,
+    comparisons are round-blocked, so a slow round moves every cell together; dropping it cost a third of a
+    3-round sweep's data and widened every interval by t(1)/z = 6.5x."""
+    keep = (rows["status"] == "ok") & (rows["replicas_in_sync"] != False) & ~planted(rows)  # noqa: E712
     return identity.with_knobs(rows[keep])
+
+
+def planted(rows: pd.DataFrame) -> pd.Series:
+    """Per row: measured with a planted slowdown (benchmarks only: DDPSWEEP_SLOWDOWN), never an answer."""
+    if "injected_slowdown" not in rows:
+        return pd.Series(False, index=rows.index)
+    return rows["injected_slowdown"].fillna(0).astype(float) != 0
 
 
 def ok_cells(rows: pd.DataFrame) -> pd.DataFrame:

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
@@ -26,6 +27,7 @@ import pyarrow.parquet as pq
 
 from results.errors import TooLarge
 from results.schema import SCHEMA, conform_to
+from trainers.knobs import KNOBS
 
 log = logging.getLogger(__name__)
 REQUIRED = [f.name for f in SCHEMA if not f.nullable]
@@ -210,17 +212,36 @@ def _labels_ok(column: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 def _configuration_possible(table: pa.Table) -> pa.ChunkedArray | pa.Array:
-    """A bucket that is a positive finite number of MB (or none), at least one node and one rank: a row that
-    says otherwise was not written by ddpsweep and would break every page that draws it."""
+    """Every numeric knob within its range (trainers.knobs: a bucket of 1e300 MB, gas 2**31-1 or no rank is not
+    a configuration ddpsweep ran), and an ok row's per-step times positive and finite: a row that says otherwise
+    was not written by ddpsweep and would break every figure and page that uses it."""
     ok = pa.array([True] * table.num_rows, pa.bool_())
-    if "bucket_cap_mb" in table.column_names:
-        b = table["bucket_cap_mb"]
-        good = pc.and_(pc.is_finite(b), pc.greater(b, 0))
-        ok = pc.and_(ok, pc.or_kleene(pc.is_null(b), good).fill_null(False))
-    for name in ("num_nodes", "world_size"):
-        if name in table.column_names:
-            ok = pc.and_(ok, pc.or_kleene(pc.is_null(table[name]), pc.greater(table[name], 0)).fill_null(False))
+    for knob in KNOBS:
+        if knob.kind in ("int", "float") and knob.name in table.column_names:
+            ok = pc.and_(ok, _within(table[knob.name], knob.lo, knob.hi))
+    if "step_times_ms" in table.column_names:
+        ok = pc.and_(ok, _times_real(table["step_times_ms"], table["status"]))
     return ok
+
+
+def _within(column: pa.ChunkedArray, lo: float | None, hi: float | None) -> pa.ChunkedArray:
+    """Null, or a finite value in [lo, hi]."""
+    good = pc.is_finite(column) if pa.types.is_floating(column.type) else pc.is_valid(column)
+    if lo is not None:
+        good = pc.and_(good, pc.greater_equal(column, lo))
+    if hi is not None:
+        good = pc.and_(good, pc.less_equal(column, hi))
+    return pc.or_kleene(pc.is_null(column), good).fill_null(False)
+
+
+def _times_real(times: pa.ChunkedArray, status: pa.ChunkedArray) -> pa.Array:
+    """Per row: not an ok row, or every per-step time positive and finite."""
+    times = times.combine_chunks() if isinstance(times, pa.ChunkedArray) else times
+    flat, parents = pc.list_flatten(times), pc.list_parent_indices(times)
+    bad_step = pc.invert(pc.and_(pc.is_finite(flat), pc.greater(flat, 0)).fill_null(False))
+    real = np.ones(len(times), dtype=bool)
+    real[parents.filter(bad_step).to_numpy()] = False
+    return pc.or_(pc.invert(pc.equal(status, "ok")).fill_null(True), pa.array(real))
 
 
 def check_rows(table: pa.Table, source: pa.DictionaryArray, skipped: set[str] | None = None) -> pa.Table:

@@ -318,7 +318,19 @@ def _plain(v: object) -> object:
 
 
 def to_json(recs: list[dict]) -> str:
-    return json.dumps(recs, indent=1, default=_plain)
+    """Valid JSON: a number that is not finite is null (JSON has no NaN or Infinity)."""
+    return json.dumps(_finite(recs), indent=1, default=_plain, allow_nan=False)
+
+
+def _finite(v: object) -> object:
+    v = _plain(v)
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_finite(x) for x in v]
+    return v
 
 
 def to_text(recs: list[dict]) -> str:

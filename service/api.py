@@ -211,6 +211,13 @@ def create_app(settings: ServiceSettings) -> FastAPI:
 
 def _submit(settings: ServiceSettings, text: str, cluster: str | None) -> dict:
     """Validate a submitted spec (422 naming the field), apply the server's allowlists (403), submit it."""
+    if not settings.address:
+        raise ApiError(
+            503,
+            "Unavailable",
+            "this server was started without a Ray cluster: it reads results but cannot submit sweeps "
+            "(its operator starts it with `ddpsweep serve --address http://HEAD:8265`)",
+        )
     spec = jobs.parse_submission(text)
     check_workload_allowed(spec.workload, settings.allow_workload)
     check_env_allowed(spec, settings.allow_env)
@@ -356,4 +363,6 @@ def add_dashboard_routes(app: FastAPI, settings: ServiceSettings, cache: CachedS
         summary="Dashboard: two clusters or two sweeps",
     )
     def compare_page(a: str | None = None, b: str | None = None, by: Literal["cluster", "sweep"] = "cluster") -> str:
+        if a is not None and a == b:
+            raise ApiError(422, "ValidationError", f"b: {b!r} is a too; compare two different {by}s", "b")
         return dashboard.compare_page(cache, _label("a", a), _label("b", b), by)

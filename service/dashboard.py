@@ -233,6 +233,7 @@ def sweep_context(cache: CachedStore, rows: pd.DataFrame, cluster: str, sweep: s
         "sweep": sweep,
         "n_rows": len(rows),
         "n_errors": len(errors),
+        "n_planted": int(analysis.planted(rows).sum()),
         "charts": charts,
         "best": table_context(analysis.u_curve(rows), BEST_COLUMNS, "best"),
         "recs": recommend.recommend(rows),

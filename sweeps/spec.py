@@ -38,7 +38,7 @@ from sweeps.speccheck import (
 )
 from trainers.config import StepConfig, canonical_args
 from trainers.errors import ConfigError
-from trainers.knobs import SPEC_AXES, SPEC_SETTINGS, Knob, check
+from trainers.knobs import GRID_AXES, SPEC_AXES, SPEC_SETTINGS, Knob, check
 from trainers.presets import PRESETS
 
 
@@ -167,18 +167,42 @@ class SweepSpec(_SpecKnobs):
         return [(w, n) for w in self.workers for n in self.nodes if w % n == 0 and w >= n]
 
 
+def cells_planned(spec: SweepSpec) -> int:
+    """The cells the grid expands to (sweeps.grid.expand), counted without expanding it: baselines (one per gas
+    and timing), then per placement, environment, timing and gas: no_sync only where gas > 1, naive once, and
+    DDP once per combination of its axes, PowerSGD's rank crossed with `powersgd` only."""
+    hooks = [h for h in spec.comm_hook if h != "powersgd"]
+    hook_combos = len(hooks) + (len(spec.powersgd_rank) if "powersgd" in spec.comm_hook else 0)
+    others = math.prod(len(getattr(spec, k.name)) for k in GRID_AXES if k.name not in ("comm_hook", "powersgd_rank"))
+    per_mode = sum(hook_combos * others if m == "ddp" else 1 for m in spec.modes)
+    syncs = sum(1 if g == 1 else len(spec.no_sync) for g in set(spec.gas))
+    envs = math.prod(len(v) for v in spec.env_grid.values()) if isinstance(spec.env_grid, dict) else 1
+    places = len(spec.placements())
+    baselines = len(set(spec.gas)) * len(spec.timing)
+    return baselines + places * envs * len(spec.timing) * syncs * per_mode
+
+
 def _check_grid_size(spec: SweepSpec) -> None:
-    """Bound the grid from its axis lengths, before anything is expanded."""
-    axes = [getattr(spec, k.name) for k in SPEC_AXES] + [spec.modes]
-    axes += list(spec.env_grid.values()) if isinstance(spec.env_grid, dict) else []
-    places = len(spec.workers) * len(spec.nodes) if spec.topology is None else len(spec.topology)
-    upper = places * math.prod(len(a) for a in axes) * spec.rounds
-    if upper > MAX_MEASUREMENTS:
+    """Bound the measurements (the cells the grid expands to, times the rounds) before anything is expanded."""
+    planned = cells_planned(spec) * spec.rounds
+    if planned > MAX_MEASUREMENTS:
         raise fail(
             "repeats" if spec.rounds > 1 else "bucket_cap_mb",
-            f"{upper} measurements",
+            f"{planned} measurements",
             f"at most {MAX_MEASUREMENTS} measurements (cells x repeats) per sweep: fewer axis values or "
             "repeats, or split the study into several sweeps",
+        )
+
+
+def _check_static_graph(spec: SweepSpec) -> None:
+    """static_graph with no_sync at gas >= 2 fails on every cell in PyTorch 2.13 (DDP's reducer asserts
+    `expect_autograd_hooks_` on the skipped syncs), so such a grid is refused before Ray."""
+    if True in spec.static_graph and True in spec.no_sync and any(g >= 2 for g in spec.gas):
+        raise fail(
+            "static_graph",
+            spec.static_graph,
+            "false when no_sync is true at gas >= 2: PyTorch's reducer fails every such step (an internal "
+            "assert on expect_autograd_hooks_); measure static_graph and no_sync in two sweeps",
         )
 
 
@@ -224,7 +248,6 @@ def _validate(spec: SweepSpec) -> None:
             check_range(name, getattr(spec, name))
     if spec.topology is not None:
         validate_topology(spec.topology)
-    _check_grid_size(spec)
     if spec.workload is None:
         check_choice("model", spec.model, tuple(PRESETS))
     else:
@@ -245,6 +268,8 @@ def _validate(spec: SweepSpec) -> None:
         _validate_nodes(spec)
     if spec.backend == "nccl" and spec.use_gpu is False:
         raise fail("backend", "nccl", "gloo or auto when use_gpu is false (NCCL needs GPUs)")
+    _check_static_graph(spec)
+    _check_grid_size(spec)
 
 
 def _validate_rounds(spec: SweepSpec) -> None:
@@ -254,6 +279,13 @@ def _validate_rounds(spec: SweepSpec) -> None:
     check_choice("search", spec.search, ("grid", "race"))
     if spec.max_sweep_s is not None and not (is_num(spec.max_sweep_s) and 0 < spec.max_sweep_s <= 30 * 86_400):
         raise fail("max_sweep_s", spec.max_sweep_s, "seconds in (0, 2592000], or null (no limit)")
+    if spec.decides and spec.min_rounds < 2:
+        raise fail(
+            "min_rounds",
+            spec.min_rounds,
+            "at least 2 with search: race or repeats: auto (a decision after one round has no between-round "
+            "variance to test against: equal cells get dropped)",
+        )
     if spec.decides and spec.min_rounds > spec.rounds:
         raise fail("min_rounds", spec.min_rounds, f"at most the rounds planned ({spec.rounds})")
     if spec.decides and spec.isolation == "cell":

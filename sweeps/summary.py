@@ -172,6 +172,9 @@ def _flag_lines(rows: pd.DataFrame) -> list[str]:
             f"drift: {int(drifted.sum())} measurement(s) in {len(rounds)} round(s) whose control moved "
             f"beyond its noise (kept: comparisons within a group are round-blocked): {rounds}"
         )
+    slowed = analysis.planted(rows)
+    if slowed.any():
+        out.append(f"planted: {int(slowed.sum())} measurement(s) slowed on purpose (DDPSWEEP_SLOWDOWN) left out")
     insync = rows["replicas_in_sync"] == False  # noqa: E712
     if insync.any():
         out.append(f"replicas out of sync: {int(insync.sum())} measurement(s) left out of the figures above")

@@ -240,3 +240,109 @@ def test_a_hung_cluster_stalls_no_request(tmp_path, live_server):
         assert submit.result().status_code == 503  # the cluster's timeout, answered in its own thread
     finally:
         hung.close()
+
+
+# 16-18, 20: what the spec accepts is what the grid measures
+
+
+def test_the_measurement_cap_counts_the_cells_the_grid_expands_to():
+    from sweeps.grid import expand
+    from sweeps.spec import cells_planned
+
+    hooks = "comm_hook: [none, fp16, powersgd]\npowersgd_rank: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]\n"
+    spec = parse_spec(f"name: x\nworkers: [2]\ngas: [1, 4]\nno_sync: [false, true]\nrepeats: 20\n{hooks}")
+    assert cells_planned(spec) == len(expand(spec)) == 2 + 3 * 12  # refused as 2400 x 20 before
+    for text in (
+        "gas: [1, 2]\nmodes: [ddp, naive]\nno_sync: [false, true]\n",
+        "topology: [1x2, 2x1]\ntiming: [sync, loop]\n",
+    ):
+        spec = parse_spec(f"name: x\n{text}")
+        assert cells_planned(spec) == len(expand(spec)), text
+    with pytest.raises(SpecError, match="measurements"):  # still bounded: 10,001 and more
+        parse_spec(
+            "name: x\nworkers: [2]\nbucket_cap_mb: [" + ", ".join(str(b) for b in range(1, 1001)) + "]\nrepeats: 11\n"
+        )
+
+
+def test_static_graph_with_no_sync_under_accumulation_is_refused_before_ray():
+    with pytest.raises(SpecError) as e:
+        parse_spec("name: x\nstatic_graph: [false, true]\nno_sync: [true]\ngas: [1, 4]\n")
+    assert e.value.field == "static_graph" and "no_sync" in e.value.allowed
+    parse_spec("name: x\nstatic_graph: [true]\nno_sync: [true]\ngas: [1]\n")  # at gas 1 no_sync is off
+
+
+def test_a_race_needs_two_rounds_before_its_first_decision():
+    with pytest.raises(SpecError) as e:
+        parse_spec("name: x\nsearch: race\nrepeats: 5\nmin_rounds: 1\nbucket_cap_mb: [1, 25]\n")
+    assert e.value.field == "min_rounds"
+
+
+def test_max_timed_steps_caps_the_first_batch_too():
+    from trainers.config import StepConfig
+    from trainers.step import run_cell
+
+    cfg = StepConfig(mode="single", micro_batch=2, seq_len=8, warmup_steps=0, timed_steps=10)
+    m = run_cell(cfg.__class__(**{**cfg.__dict__, "target_rel_ci": 1e-9, "max_timed_steps": 3}), torch.device("cpu"), 1)
+    assert m.timed_steps_run == 3 and len(m.step_times_ms) == 3 and m.converged is False
+
+
+# 8, 11, 14: one bad sweep, a planted slowdown and a mistaken request change no answer and break no page
+
+
+def test_rows_with_impossible_numbers_are_skipped_and_json_stays_valid(tmp_path):
+    from results.recommend import recommend
+    from results.store import load
+
+    store = Store.open(str(tmp_path))
+    for r in seed_rows():
+        store.write_row(r)
+    bad = seed_rows(sweep="bad")[3]
+    store.write_row(bad | {"cell_id": "nan", "step_times_ms": [float("nan")] * 5})
+    store.write_row(bad | {"cell_id": "huge", "step_times_ms": [1e308] * 3 + [float("inf")]})
+    store.write_row(bad | {"cell_id": "gas", "gas": 2**31 - 1})
+    store.write_row(bad | {"cell_id": "bucket", "bucket_cap_mb": 1e300})
+    rows = load(str(tmp_path))
+    assert set(rows["sweep_id"]) == {"seed"} and len(rows) == len(seed_rows())
+    assert all(r["best"]["samples_per_s"] > 0 for r in recommend(rows))
+    c = client(results=str(tmp_path))
+    for path in ("/recommend", "/cells", "/compare?cluster=pcie-8x&cluster=pcie-8x"):
+        r = c.get(path)
+        if r.status_code == 200:
+            json.loads(r.text, parse_constant=lambda name: pytest.fail(f"{path}: {name} in JSON"))
+    assert c.get("/report").status_code == 200
+
+
+def test_planted_rows_are_left_out_of_every_answer(tmp_path):
+    from results import analysis
+    from results.compare import compare
+    from results.recommend import recommend
+    from results.store import load
+
+    store = Store.open(str(tmp_path))
+    for r in seed_rows():
+        slowed = r["mode"] == "ddp" and r["bucket_cap_mb"] == 25.0 and r["gas"] == 1
+        store.write_row(r | ({"step_ms": r["step_ms"] * 0.5, "injected_slowdown": -0.5} if slowed else {}))
+    for r in seed_rows(cluster="b"):
+        store.write_row(r)
+    rows = load(str(tmp_path))
+    assert analysis.planted(rows).sum() == 1
+    assert all(
+        r["best"]["bucket_cap_mb"] != 25.0 or r["gas"] != 1 for r in recommend(rows) if r["cluster"] == "pcie-8x"
+    )
+    out = compare(rows, "pcie-8x", "b")
+    assert out[(out["bucket_cap_mb"] == 25.0) & (out["gas"] == 1)]["measured_on"].tolist() == ["b only"]
+    page = client(results=str(tmp_path)).get("/ui/sweep/pcie-8x/seed").text
+    assert "1 planted" in page
+
+
+def test_comparing_a_label_with_itself_and_submitting_without_a_cluster_are_clear(tmp_path):
+    store = Store.open(str(tmp_path))
+    for r in seed_rows():
+        store.write_row(r)
+    c = client(results=str(tmp_path))
+    same = c.get("/ui/compare", params={"a": "pcie-8x", "b": "pcie-8x"})
+    assert same.status_code == 422 and same.json()["error"]["field"] == "b"
+    r = post(client(address=None), "name: x\n")
+    assert (
+        r.status_code == 503 and "--address" in r.json()["error"]["message"] and "serve" in r.json()["error"]["message"]
+    )

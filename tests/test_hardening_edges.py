@@ -171,7 +171,11 @@ def test_one_error_tree_whose_classes_carry_their_http_status():
     [
         ("micro_batch", "micro_batch: 100000000000000000000000000000", "micro_batch"),
         ("repeats", "repeats: 100000000", "repeats"),
-        ("bucket_cap_mb", f"bucket_cap_mb: [{', '.join(str(b) for b in range(1, 1001))}]", "repeats"),
+        (
+            "bucket_cap_mb",
+            f"bucket_cap_mb: [{', '.join(str(b) for b in range(1, 1001))}]\ntiming: [sync, loop]",
+            "repeats",
+        ),
         ("bucket_cap_mb", "bucket_cap_mb: [1e-300]", "bucket_cap_mb[0]"),
         ("cell_timeout_s", "cell_timeout_s: 1.0e+308", "cell_timeout_s"),
         ("collective_timeout_s", "collective_timeout_s: 0.5", "collective_timeout_s"),
@@ -187,7 +191,9 @@ def test_out_of_range_spec_values_name_their_field(field, line, named):
 
 def test_a_grid_over_the_cap_says_the_cap():
     with pytest.raises(SpecError, match="at most 10000 measurements"):
-        parse_spec(smoke_with("bucket_cap_mb", f"bucket_cap_mb: [{', '.join(str(b) for b in range(1, 1001))}]"))
+        # 2 baselines + 1000 buckets x (gas 1, gas 2 with and without no_sync) = 3002 cells x 4 rounds
+        buckets = f"bucket_cap_mb: [{', '.join(str(b) for b in range(1, 1001))}]"
+        parse_spec(smoke_with("bucket_cap_mb", buckets).replace("repeats: 3", "repeats: 4"))
 
 
 def test_a_non_utf8_spec_file_is_a_clear_error(tmp_path):

@@ -289,9 +289,9 @@ def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Calla
     gather = (lambda t: gather_max(t, device, rep.group)) if distributed(cfg) else (lambda t: t)
     measure = _timer(cfg, rep, device, sync, slowed(lambda: train_step(rep), slowdown, sync))
     with counting_all_reduce(rep.trace):  # counts only inside traced steps; the gathers use all_gather
-        own = measure(cfg.timed_steps)
         if cfg.target_rel_ci is None:
-            return gather(own), None, cfg.timed_steps
+            return gather(measure(cfg.timed_steps)), None, cfg.timed_steps
+        own = measure(min(cfg.timed_steps, cfg.max_timed_steps))  # the first batch is capped too
         while True:
             times = gather(own)
             converged = median_rel_half_width(times) <= cfg.target_rel_ci
