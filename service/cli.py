@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+import traceback
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -88,6 +89,8 @@ def run(
     except StoreFull as e:
         raise store_full(plan, spec, e) from None
     except DDPSweepError as e:
+        if verbose and e.__cause__ is not None:  # the user code's own traceback (a workload that failed)
+            echo("".join(traceback.format_exception(e.__cause__)).rstrip(), err=True)
         raise fail(str(e)) from None
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (session.Terminated, perhaps re-raised by Tune as a plain one)
         raise interrupted(plan, spec, 143 if session.terminated() else 130) from None

@@ -47,6 +47,7 @@ def load_spec_text(path: str | Path) -> tuple[SweepSpec, str]:
 
 MAX_SPEC_NODES = 100_000  # YAML nodes after aliases are expanded: an alias bomb stops here
 MAX_SPEC_DEPTH = 20  # nesting levels (a spec needs 3)
+MAX_LIST = 1_000  # values in one list (a grid axis has at most MAX_AXIS_VALUES), refused before anything expands
 
 
 class StrictLoader(yaml.SafeLoader):
@@ -80,12 +81,15 @@ def _check_shape(node: yaml.Node, path: str = "", depth: int = 0, seen: list | N
             f"at most {MAX_SPEC_DEPTH} levels and {MAX_SPEC_NODES} values once aliases are expanded",
         )
     if isinstance(node, yaml.MappingNode):
-        keys = [k.value for k, _ in node.value]
+        keys: set[str] = set()
         for key, value in node.value:
-            if keys.count(key.value) > 1:
+            if key.value in keys:
                 raise SpecError(f"{path}{key.value}", "given twice", "each field once")
+            keys.add(key.value)
             _check_shape(value, f"{path}{key.value}.", depth + 1, seen)
     elif isinstance(node, yaml.SequenceNode):
+        if len(node.value) > MAX_LIST:
+            raise SpecError(path.rstrip(".") or "SPEC", f"{len(node.value)} values", f"at most {MAX_LIST} values")
         for i, item in enumerate(node.value):
             _check_shape(item, f"{path}[{i}].", depth + 1, seen)
 

@@ -305,10 +305,14 @@ def test_rows_with_impossible_numbers_are_skipped_and_json_stays_valid(tmp_path)
     assert set(rows["sweep_id"]) == {"seed"} and len(rows) == len(seed_rows())
     assert all(r["best"]["samples_per_s"] > 0 for r in recommend(rows))
     c = client(results=str(tmp_path))
-    for path in ("/recommend", "/cells", "/compare?cluster=pcie-8x&cluster=pcie-8x"):
+
+    def strict(name: str) -> None:
+        raise AssertionError(f"{name} in JSON")
+
+    for path in ("/recommend", "/cells"):
         r = c.get(path)
-        if r.status_code == 200:
-            json.loads(r.text, parse_constant=lambda name: pytest.fail(f"{path}: {name} in JSON"))
+        assert r.status_code == 200, path
+        json.loads(r.text, parse_constant=strict)
     assert c.get("/report").status_code == 200
 
 
@@ -346,3 +350,57 @@ def test_comparing_a_label_with_itself_and_submitting_without_a_cluster_are_clea
     assert (
         r.status_code == 503 and "--address" in r.json()["error"]["message"] and "serve" in r.json()["error"]["message"]
     )
+
+
+# 12, 21, 24: a workload that fails, and specs that are large or wrong, are one clear line
+
+
+@pytest.mark.parametrize(
+    ("source", "says"),
+    [
+        ("def build(:\n", "SyntaxError"),
+        ("raise RuntimeError('no GPU here')\n", "RuntimeError: no GPU here"),
+        ("import sys\nsys.exit(0)\n", "SystemExit"),
+        ("def build():\n    raise SystemExit(0)\n", "SystemExit"),
+        ("def build():\n    return {}['model']\n", "KeyError"),
+    ],
+)
+def test_a_workload_that_fails_is_one_line_naming_the_file_and_line(tmp_path, monkeypatch, source, says):
+    monkeypatch.chdir(tmp_path)  # a workload file beside the spec, as the README shows
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "broken_wl.py").write_text(source)
+    spec = tmp_path / "s.yaml"
+    spec.write_text('name: x\nworkers: [2]\nworkload: "broken_wl:build"\n')
+    sys.modules.pop("broken_wl", None)
+    out = CliRunner().invoke(app, ["run", str(spec), "--dry-run", "--results", str(tmp_path / "r")])
+    sys.modules.pop("broken_wl", None)
+    lines = [x for x in out.output.splitlines() if x.strip()]
+    assert out.exit_code == 2 and len(lines) == 1, out.output
+    assert lines[0].startswith("error: workload:") and says in lines[0] and "broken_wl.py" in lines[0]
+    assert "line " in lines[0]
+
+
+def test_a_typeerror_inside_a_factory_is_not_blamed_on_its_arguments(tmp_path, monkeypatch):
+    from trainers.config import StepConfig
+    from trainers.workload import create
+
+    (tmp_path / "typo_wl.py").write_text("def build(width=4):\n    return len(width)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as inside:
+        create(StepConfig(workload="typo_wl:build", workload_args='{"width": 3}'))
+    assert inside.value.field == "workload" and "TypeError" in inside.value.allowed
+    with pytest.raises(ConfigError) as args:
+        create(StepConfig(workload="typo_wl:build", workload_args='{"depth": 3}'))
+    assert args.value.field == "workload_args"
+
+
+def test_a_list_longer_than_any_axis_is_refused_while_parsing():
+    import yaml
+
+    from sweeps.specfile import StrictLoader, _check_shape
+
+    with pytest.raises(SpecError) as e:
+        _check_shape(yaml.compose("bucket_cap_mb: [" + "1, " * 1500 + "1]\n", Loader=StrictLoader))
+    assert e.value.field == "bucket_cap_mb" and "1501 values" in str(e.value)
+    with pytest.raises(SpecError, match="given twice"):
+        parse_spec("name: x\ngas: [1]\ngas: [2]\n")

@@ -22,6 +22,7 @@ import inspect
 import json
 import os
 import sys
+import traceback
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -85,7 +86,9 @@ def load_factory(path: str):
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ConfigError("workload", path, f"an importable module ({e})") from None
+        raise ConfigError("workload", path, f"an importable module ({e})") from e
+    except (Exception, SystemExit) as e:  # its code failed as it ran (a syntax error, an exception, exit())
+        raise ConfigError("workload", path, f"a module that imports: {where(e)}") from e
     factory = inspect.getattr_static(module, attr, None)  # nothing of the module runs to look it up
     if not (inspect.isfunction(factory) or inspect.isclass(factory)):
         raise ConfigError("workload", path, f"a function or class {attr!r} defined in module {module_name}")
@@ -107,12 +110,31 @@ def create(cfg: StepConfig) -> Any:
     if cfg.workload is None:
         return GPTWorkload(model=GPT(PRESETS[cfg.model]), seq_len=cfg.seq_len)
     args = json.loads(cfg.workload_args)
+    factory = load_factory(cfg.workload)
     try:
-        obj = load_factory(cfg.workload)(**args)
+        inspect.signature(factory).bind(**args)
     except TypeError as e:
         raise ConfigError("workload_args", args, f"the factory's keyword arguments ({e})") from None
+    except ValueError:
+        pass  # no signature to check against (a builtin): the call says
+    try:
+        obj = factory(**args)
+    except (Exception, SystemExit) as e:
+        raise ConfigError("workload", cfg.workload, f"a factory that returns its workload: {where(e)}") from e
     check(obj, cfg.workload)
     return obj
+
+
+def where(e: BaseException) -> str:
+    """`SyntaxError: invalid syntax (models.py, line 3)`: an exception in user code as one line, where it was
+    raised in the user's file (the traceback's last frame outside ddpsweep and the standard library)."""
+    if isinstance(e, SyntaxError):
+        return f"SyntaxError: {e.msg} ({e.filename}, line {e.lineno})"
+    frames = traceback.extract_tb(e.__traceback__)
+    mine = [f for f in frames if "importlib" not in f.filename and "/trainers/" not in f.filename]
+    at = f" ({mine[-1].filename}, line {mine[-1].lineno})" if mine else ""
+    text = " ".join(str(e).split())[:200]
+    return f"{type(e).__name__}{': ' + text if text else ''}{at}"
 
 
 def check(obj: Any, path: str) -> None:
