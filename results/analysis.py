@@ -273,7 +273,15 @@ def u_curve(rows: pd.DataFrame) -> pd.DataFrame:
             for suffix in ("", "_ci_lo", "_ci_hi"):
                 line[f"best_{name}{suffix}"] = best[f"{name}{suffix}"]
         lines.append(line)
-    return pd.DataFrame(lines)
+    return pd.DataFrame(lines) if lines else pd.DataFrame(columns=U_CURVE_COLUMNS)  # no curve: still queryable
+
+
+U_CURVE_COLUMNS = [*CURVE_KEYS, "buckets", "best_bucket_cap_mb", "indistinguishable_buckets_mb"]
+U_CURVE_COLUMNS += ["largest_bucket_cap_mb", "largest_bucket_step_ms", "overlap_saved_ms", "overlap_saved_ms_ci_lo"]
+U_CURVE_COLUMNS += ["overlap_saved_ms_ci_hi", "baseline_step_ms", "single_bucket_overhead_ms"]
+U_CURVE_COLUMNS += ["single_bucket_overhead_ms_ci_lo", "single_bucket_overhead_ms_ci_hi", "n_repeats"]
+U_CURVE_COLUMNS += ["min_resolvable_rel", "rounds_for_target", "round_var_share"]
+U_CURVE_COLUMNS += [f"best_{n}{s}" for n in ("step_ms", "efficiency") for s in ("", "_ci_lo", "_ci_hi")]
 
 
 def no_sync_gain(rows: pd.DataFrame) -> pd.DataFrame:

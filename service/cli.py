@@ -33,13 +33,16 @@ def root() -> None:
 
 
 def _warn_risky_env(spec) -> None:
-    """One line per variable that loads code or touches files (the CLI runs them: the machine is the user's)."""
+    """One line per variable that loads code or touches files (the CLI runs them: the machine is the user's), and
+    per setting that has no effect."""
     from sweeps import envvars
 
     for path in envvars.names(spec.env, spec.env_grid):
         why = envvars.warning(path.partition(".")[2])
         if why:
             echo(f"warning: {path}: {why}", err=True)
+    for line in spec.unused():  # settings given that change nothing: said, not silently ignored
+        echo(f"warning: {line}", err=True)
 
 
 @app.command()

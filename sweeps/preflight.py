@@ -91,14 +91,17 @@ def check(
 ) -> None:
     """Raise SpecError (on `field`: workers, or topology) listing every cell that can never be scheduled,
     with the nodes and per-node resources found."""
-    bad = []
+    bad = {}
     for cell in cells:
         problem = cell_problem(cell, res, cpus_per_worker, use_gpu, placement)
         if problem:
-            bad.append(f"  cell {cell.cell_id} ({cell.step.mode}, topology {cell.topology}): {problem}")
+            bad[cell] = f"  cell {cell.cell_id} ({cell.step.mode}, topology {cell.topology}): {problem}"
     if bad:
-        topo = field == "topology"
-        asked = sorted({c.topology for c in cells}) if topo else sorted({c.world_size for c in cells})
-        fits = "topologies" if topo else "worker counts"
+        if field != "topology" and all(c.num_nodes > len(res.nodes) for c in bad):
+            field = "nodes"  # the spec's node counts are what the cluster lacks
+        asked = {"topology": {c.topology for c in bad}, "nodes": {c.num_nodes for c in bad}}.get(
+            field, {c.world_size for c in bad}
+        )
+        fits = {"topology": "topologies", "nodes": "node counts"}.get(field, "worker counts")
         found = f"{fits} that fit the cluster ({res.describe()}); unschedulable:\n"
-        raise SpecError(field, asked, found + "\n".join(bad))
+        raise SpecError(field, sorted(asked), found + "\n".join(bad.values()))

@@ -137,10 +137,31 @@ def pending(plan: SweepPlan) -> list[tuple[Cell, int]]:
         raise SpecError("--resume", sweep_id, f"a sweep id under cluster={cluster} in {store.uri}")
     if sorted(manifest["cells"]) != sorted(c.cell_id for c in plan.cells):
         raise SpecError("--resume", sweep_id, "the same spec the sweep was started with (its grid differs)")
+    _same_measurement(manifest.get("spec") or {}, plan.spec, sweep_id)
     stored = store.read_table(cluster, sweep_id).to_pylist()
     done = {(r["cell_id"], r["repeat"]) for r in stored if r["status"] == "ok"}
     dropped = {r["cell_id"] for r in stored if r.get("eliminated_at_round") is not None}  # a race's decision stands
     return [(c, r) for c, r in pairs if (c.cell_id, r) not in done and c.cell_id not in dropped]
+
+
+# What a resumed sweep may change: where rows go and how long to wait; everything else shapes what is measured
+RESUMABLE = {"results", "cell_timeout_s", "group_start_timeout_s", "collective_timeout_s", "max_sweep_s"}
+
+
+def _same_measurement(stored: dict, spec: SweepSpec, sweep_id: str) -> None:
+    """Refuse a resume whose spec measures differently from the one the sweep started with (rounds, search,
+    isolation, …: its rows would mix two methods), naming the first field that differs."""
+    now = asdict(spec)
+    for name in sorted(set(stored) | set(now)):
+        if name in RESUMABLE or name not in stored:  # a field newer than the manifest: its default then
+            continue
+        if json.dumps(stored[name], sort_keys=True) != json.dumps(now.get(name), sort_keys=True, default=str):
+            raise SpecError(
+                name,
+                now.get(name),
+                f"{stored[name]!r}, as sweep {sweep_id} was started (--resume continues the same measurement; "
+                "start a new sweep to measure differently)",
+            )
 
 
 CLAIM = "_claim.lock"  # in the sweep's folder: held by the one run measuring it (results.lease)

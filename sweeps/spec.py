@@ -159,6 +159,31 @@ class SweepSpec(_SpecKnobs):
         """The trial decides each next round (racing or automatic rounds)."""
         return self.search == "race" or self.repeats == "auto"
 
+    def unused(self) -> list[str]:
+        """One line per setting this spec gives (away from its default) that has no effect on what it measures."""
+        d, out = {f.name: f.default for f in fields(SweepSpec)}, []
+        given = [n for n in ("tolerance", "min_rounds", "max_sweep_s") if getattr(self, n) != d[n]]
+        if not self.decides:
+            out += [f"{n}: no effect without search: race or repeats: auto" for n in given]
+        if self.max_rounds != d["max_rounds"] and self.repeats != "auto":
+            out.append("max_rounds: no effect with a fixed number of repeats (rounds are `repeats`)")
+        if self.target_rel != d["target_rel"] and self.repeats != "auto":
+            out.append("target_rel: no effect without repeats: auto")
+        if "powersgd" not in self.comm_hook:
+            out += [
+                f"{n}: no effect without comm_hook powersgd"
+                for n in ("powersgd_rank", "powersgd_start_iter")
+                if getattr(self, n) != ([1] if n == "powersgd_rank" else 2)
+            ]
+        if self.workload_args and self.workload is None:
+            out.append("workload_args: no effect without workload (the preset takes no arguments)")
+        if self.search == "race" and len(self.bucket_cap_mb) < 2:
+            out.append("search: race: no curve has two cells to race (one bucket_cap_mb); every cell is measured")
+        if self.modes == ["naive"]:
+            ddp = [k.name for k in GRID_AXES if getattr(self, k.name) != [k.default]]
+            out += [f"{n}: no effect with modes [naive] (a DDP setting)" for n in ddp]
+        return out
+
     def placements(self) -> list[tuple[int, int]]:
         """The grid's (world size, nodes) pairs, in the spec's order: its topologies, else workers x nodes
         where the nodes divide the workers evenly."""
@@ -192,6 +217,16 @@ def _check_grid_size(spec: SweepSpec) -> None:
             f"at most {MAX_MEASUREMENTS} measurements (cells x repeats) per sweep: fewer axis values or "
             "repeats, or split the study into several sweeps",
         )
+
+
+def _check_first_bucket(spec: SweepSpec) -> None:
+    """A first bucket larger than the cap is not a first bucket (DDP would make it one bucket of the cap)."""
+    caps = min(spec.bucket_cap_mb)
+    for i, first in enumerate(spec.first_bucket_mb):
+        if first is not None and first > caps:
+            raise fail(
+                f"first_bucket_mb[{i}]", first, f"at most every bucket_cap_mb crossed with it (smallest {caps:g})"
+            )
 
 
 def _check_static_graph(spec: SweepSpec) -> None:
@@ -269,6 +304,7 @@ def _validate(spec: SweepSpec) -> None:
     if spec.backend == "nccl" and spec.use_gpu is False:
         raise fail("backend", "nccl", "gloo or auto when use_gpu is false (NCCL needs GPUs)")
     _check_static_graph(spec)
+    _check_first_bucket(spec)
     _check_grid_size(spec)
 
 

@@ -23,12 +23,12 @@ class SpecError(ConfigError):
     """A sweep spec field is invalid; `field` is its dotted path (e.g. `bucket_cap_mb[2]`)."""
 
 
-TOPOLOGY_RE = re.compile(r"^([0-9]{1,4})x([0-9]{1,5})$")
+TOPOLOGY_RE = re.compile(r"([1-9][0-9]{0,3})x([1-9][0-9]{0,4})")  # one spelling each: no 01x2, no trailing newline
 
 
 def parse_topology(text: str) -> tuple[int, int]:
     """`"2x8"` -> (2 nodes, 8 workers per node)."""
-    m = TOPOLOGY_RE.match(text)
+    m = TOPOLOGY_RE.fullmatch(text)
     if not m:
         raise ValueError(text)
     return int(m[1]), int(m[2])
@@ -137,7 +137,7 @@ def validate_env(env: Any) -> None:
     for k, v in env.items():
         check_env_name(f"env.{k}", k)
         if not env_value_ok(v):
-            raise fail(f"env.{k}", v, ENV_VALUE_RULE)
+            raise fail(f"env.{k}", v, _env_rule(v))
 
 
 def check_env_name(path: str, k: Any) -> None:
@@ -149,6 +149,12 @@ ENV_VALUE_RULE = (
     "a literal string or number of printable characters, at most 4096, without `$` (Ray expands ${VAR} from the "
     "cluster's own environment when it starts the workers: a value is never a reference)"
 )
+
+
+def _env_rule(v: Any) -> str:
+    if isinstance(v, bool):  # YAML 1.1: OFF, ON, YES, NO, TRUE, FALSE unquoted are booleans
+        return f"{ENV_VALUE_RULE}; YAML read an unquoted OFF/ON/YES/NO as {v}: quote it, e.g. 'OFF'"
+    return ENV_VALUE_RULE
 
 
 def env_value_ok(v: Any) -> bool:
@@ -171,7 +177,7 @@ def validate_env_grid(grid: Any, env: dict) -> None:
             raise fail(f"env_grid.{k}", values, f"a non-empty list of at most {MAX_AXIS_VALUES} values")
         for i, v in enumerate(values):
             if not env_value_ok(v):
-                raise fail(f"env_grid.{k}[{i}]", v, ENV_VALUE_RULE)
+                raise fail(f"env_grid.{k}[{i}]", v, _env_rule(v))
         if len({str(v) for v in values}) != len(values):
             raise fail(f"env_grid.{k}", values, "a list without duplicates")
 

@@ -105,6 +105,7 @@ def yaml_problem(e: yaml.YAMLError) -> str:
 
 
 def parse_spec(text: str, source: str = "spec") -> SweepSpec:
+    text = text.removeprefix("\ufeff")  # a byte-order mark some editors write is not part of the first key
     try:
         node = yaml.compose(text, Loader=StrictLoader)
         if node is not None:

@@ -404,3 +404,66 @@ def test_a_list_longer_than_any_axis_is_refused_while_parsing():
     assert e.value.field == "bucket_cap_mb" and "1501 values" in str(e.value)
     with pytest.raises(SpecError, match="given twice"):
         parse_spec("name: x\ngas: [1]\ngas: [2]\n")
+
+
+# 22-24: a spec that contradicts itself is refused, one whose settings do nothing says so, errors say how
+
+
+def test_settings_without_effect_are_named_and_contradictions_refused(tmp_path):
+    spec = parse_spec("name: x\ntolerance: 0.05\nmax_rounds: 4\npowersgd_rank: [2]\nsearch: grid\n")
+    assert sorted(x.split(":")[0] for x in spec.unused()) == ["max_rounds", "powersgd_rank", "tolerance"]
+    naive = parse_spec("name: x\nmodes: [naive]\nbucket_cap_mb: [1, 25]\n")
+    assert naive.unused() == ["bucket_cap_mb: no effect with modes [naive] (a DDP setting)"]
+    assert parse_spec("name: x\nsearch: race\nrepeats: 4\n").unused()[0].startswith("search: race")
+    with pytest.raises(SpecError) as e:
+        parse_spec("name: x\nbucket_cap_mb: [1, 25]\nfirst_bucket_mb: [null, 5]\n")
+    assert e.value.field == "first_bucket_mb[1]"
+    for text in ("01x2", "1x2\n"):
+        with pytest.raises(SpecError):
+            parse_spec(f"name: x\ntopology: [1x2, {json.dumps(text)}]\n")
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text("name: x\nworkers: [2]\ntolerance: 0.05\n")
+    out = CliRunner().invoke(app, ["run", str(spec_file), "--dry-run", "--results", str(tmp_path / "r")])
+    assert "warning: tolerance: no effect without search: race or repeats: auto" in out.output
+
+
+def test_a_resume_with_a_spec_that_measures_differently_names_the_field(tmp_path):
+    from dataclasses import asdict
+
+    from sweeps import runner
+
+    first = parse_spec("name: r\nworkers: [2]\nrepeats: 2\n")
+    plan = runner.plan_sweep(first, results=str(tmp_path), sweep_id="r-1")
+    plan.store.write_manifest(plan.cluster, "r-1", {"spec": asdict(first), "cells": [c.cell_id for c in plan.cells]})
+    longer = parse_spec("name: r\nworkers: [2]\nrepeats: 5\n")
+    with pytest.raises(SpecError) as e:
+        runner.plan_sweep(longer, results=str(tmp_path), resume="r-1")
+    assert e.value.field == "repeats" and "r-1" in e.value.allowed
+    patient = parse_spec("name: r\nworkers: [2]\nrepeats: 2\ncell_timeout_s: 60\n")
+    assert runner.plan_sweep(patient, results=str(tmp_path), resume="r-1").resumed
+
+
+def test_unclear_errors_say_what_to_do(tmp_path):
+    with pytest.raises(SpecError) as e:
+        parse_spec("name: x\nenv_grid: {TORCH_DISTRIBUTED_DEBUG: [OFF, INFO]}\n")
+    assert "quote it" in e.value.allowed
+    assert parse_spec("\ufeffname: x\n").name == "x"
+    from results.query import query
+
+    store = Store.open(str(tmp_path))
+    for r in seed_rows():
+        store.write_row(r | {"status": "error", "error": "boom"})
+    assert len(query(str(tmp_path), "select best_bucket_cap_mb from u_curve")) == 0
+
+
+def test_preflight_names_the_spec_field_and_values_at_fault():
+    from sweeps import preflight
+    from sweeps.grid import expand
+
+    res = preflight.ClusterResources(nodes=[(2.0, 0.0)])
+    with pytest.raises(SpecError) as e:
+        preflight.check(expand(parse_spec("name: x\nworkers: [3]\n")), res, 1.0, False)
+    assert e.value.field == "workers" and e.value.value == [3]
+    with pytest.raises(SpecError) as e:
+        preflight.check(expand(parse_spec("name: x\nworkers: [2]\nnodes: [2]\n")), res, 1.0, False)
+    assert e.value.field == "nodes" and e.value.value == [2]
