@@ -138,10 +138,25 @@ def workload_fields(spec: SweepSpec) -> dict:
     else:
         fields = {"workload": spec.workload, "workload_args": canonical_args(spec.workload_args)}
     try:
-        fields["workload_fingerprint"] = workload.planned_fingerprint(StepConfig(**fields))
+        fields["workload_fingerprint"], shapes = workload.planned(StepConfig(**fields))
     except ConfigError as e:
         raise SpecError(e.field, e.value, e.allowed) from None
+    if "powersgd" in spec.comm_hook:
+        _check_powersgd_ranks(spec, workload.useful_powersgd_rank(shapes))
     return fields
+
+
+def _check_powersgd_ranks(spec: SweepSpec, useful: int) -> None:
+    """A rank at which PowerSGD compresses no gradient of this model measures plain all-reduce under its name."""
+    for i, rank in enumerate(spec.powersgd_rank):
+        if rank > useful:
+            model = spec.workload or spec.model
+            raise SpecError(
+                f"powersgd_rank[{i}]",
+                rank,
+                f"at most {useful} for {model}: above it PowerSGD compresses no gradient (a matrix is sent as "
+                "rank-r factors only when they are under half its size) and sends them all uncompressed",
+            )
 
 
 def _cell(

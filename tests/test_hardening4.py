@@ -8,6 +8,7 @@ import json
 import os
 import sys
 
+import numpy as np
 import pytest
 import torch
 from fastapi.testclient import TestClient
@@ -467,3 +468,24 @@ def test_preflight_names_the_spec_field_and_values_at_fault():
     with pytest.raises(SpecError) as e:
         preflight.check(expand(parse_spec("name: x\nworkers: [2]\nnodes: [2]\n")), res, 1.0, False)
     assert e.value.field == "nodes" and e.value.value == [2]
+
+
+# 19: a PowerSGD rank that compresses nothing is not measured under PowerSGD's name
+
+
+def test_a_powersgd_rank_that_compresses_no_gradient_is_refused_at_torchs_own_boundary():
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
+
+    from sweeps.grid import expand
+    from trainers.config import StepConfig
+    from trainers.workload import planned, useful_powersgd_rank
+
+    shapes = planned(StepConfig(model="tiny"))[1]
+    useful = useful_powersgd_rank(shapes)
+    matrices = [(s[0], int(np.prod(s[1:]))) for s in shapes if len(s) > 1]
+    assert any(_should_compress(n, m, useful, 2)[0] for n, m in matrices)
+    assert not any(_should_compress(n, m, useful + 1, 2)[0] for n, m in matrices)
+    with pytest.raises(SpecError) as e:
+        expand(parse_spec(f"name: x\ncomm_hook: [powersgd]\npowersgd_rank: [1, {useful + 1}]\n"))
+    assert e.value.field == "powersgd_rank[1]" and f"at most {useful}" in e.value.allowed
+    assert len(expand(parse_spec(f"name: x\ncomm_hook: [powersgd]\npowersgd_rank: [1, {useful}]\n"))) == 3

@@ -16,10 +16,12 @@ The workload never knows about parallelism: wrapping, timing, checks and reports
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import inspect
 import json
+import math
 import os
 import sys
 import traceback
@@ -190,16 +192,35 @@ class _NoInit(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def planned_fingerprint(cfg: StepConfig) -> str:
-    """The fingerprint of `cfg`'s workload, computed where the sweep is planned: on the meta device (no
-    memory, no init) where the factory allows it, else on CPU."""
+@functools.lru_cache(maxsize=8)
+def planned(cfg: StepConfig) -> tuple[str, tuple[tuple[int, ...], ...]]:
+    """(fingerprint, shapes of the trainable parameters) of `cfg`'s workload, computed where the sweep is
+    planned: on the meta device (no memory, no init) where the factory allows it, else on CPU."""
     try:
         with torch.device("meta"), _NoInit():
-            return fingerprint(create(cfg).model)
+            model = create(cfg).model
     except ConfigError:
         raise
     except Exception:  # noqa: BLE001 — a factory that needs real tensors: build it for real
-        return fingerprint(create(cfg).model)
+        model = create(cfg).model
+    return fingerprint(model), tuple(tuple(p.shape) for p in model.parameters() if p.requires_grad)
+
+
+def planned_fingerprint(cfg: StepConfig) -> str:
+    return planned(cfg)[0]
+
+
+def useful_powersgd_rank(shapes: tuple[tuple[int, ...], ...], min_compression_rate: float = 2.0) -> int:
+    """The largest PowerSGD rank at which some gradient is still compressed: PowerSGD sends an (n, m) matrix
+    (a tensor viewed as n x the rest) as rank-r factors only if (n + m) * r * min_compression_rate < n * m
+    (its _should_compress; 2 is PowerSGDState's default), and 1-D tensors never. 0: nothing ever is."""
+    best = 0
+    for shape in shapes:
+        if len(shape) < 2:
+            continue
+        n, m = shape[0], math.prod(shape[1:])
+        best = max(best, math.ceil(n * m / (min_compression_rate * (n + m))) - 1)
+    return best
 
 
 def generator(seed: int, rank: int, micro: int) -> torch.Generator:
