@@ -7,6 +7,7 @@ Files are written under a hidden temporary name and renamed, so readers never se
 from __future__ import annotations
 
 import contextlib
+import datetime
 import errno
 import json
 import logging
@@ -59,6 +60,8 @@ class Store:
         try:
             if uri.startswith("s3://"):
                 fs, path = _s3(uri)
+            elif uri.startswith(("gs://", "gcs://")):
+                fs, path = _gcs(uri)
             elif "://" in uri:
                 fs, path = pafs.FileSystem.from_uri(uri)
             else:
@@ -75,15 +78,17 @@ class Store:
         """Create the root if needed and write (then remove) a small probe file in it: an unreachable or
         read-only root is a StoreNotFound, a full one a StoreFull, both naming it (a sweep checks this before
         Ray starts; creating a folder that exists succeeds on a read-only mount, a write does not)."""
-        probe = f"{self.root}/.probe-{uuid.uuid4().hex[:8]}"
+        probe, opened = f"{self.root}/.probe-{uuid.uuid4().hex[:8]}", False
         try:
             self.fs.create_dir(self.root, recursive=True)
             with self.fs.open_output_stream(probe) as out:
+                opened = True
                 out.write(b"ddpsweep")
             self.fs.delete_file(probe)
         except OSError as e:
-            with contextlib.suppress(OSError):
-                self.fs.delete_file(probe)
+            if opened:  # an unreachable root is not asked a second time
+                with contextlib.suppress(OSError):
+                    self.fs.delete_file(probe)
             if is_disk_full(e):
                 raise StoreFull(f"--results {self.uri!r}: no space left on its device; free some first") from None
             raise StoreNotFound(f"--results {self.uri!r}: cannot write there ({_first_line(e)})") from None
@@ -269,6 +274,18 @@ def _s3(uri: str) -> tuple[pafs.FileSystem, str]:
         connect_timeout=3, request_timeout=10, retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2), **options
     )
     return fs, f"{parsed.netloc}{parsed.path}"
+
+
+GCS_RETRY_S = 5  # pyarrow's GCS client retries for 15 minutes by default, deaf to signals while it does
+
+
+def _gcs(uri: str) -> tuple[pafs.FileSystem, str]:
+    """A GCS filesystem whose retries stop after GCS_RETRY_S: an unreachable bucket or missing credentials are
+    an error in seconds (the credential lookup adds its own), not a process that ignores Ctrl-C."""
+    fs, path = pafs.FileSystem.from_uri(uri)
+    if isinstance(fs, pafs.GcsFileSystem):
+        fs = pafs.GcsFileSystem(retry_time_limit=datetime.timedelta(seconds=GCS_RETRY_S))
+    return fs, path
 
 
 def is_disk_full(e: BaseException) -> bool:

@@ -489,3 +489,18 @@ def test_a_powersgd_rank_that_compresses_no_gradient_is_refused_at_torchs_own_bo
         expand(parse_spec(f"name: x\ncomm_hook: [powersgd]\npowersgd_rank: [1, {useful + 1}]\n"))
     assert e.value.field == "powersgd_rank[1]" and f"at most {useful}" in e.value.allowed
     assert len(expand(parse_spec(f"name: x\ncomm_hook: [powersgd]\npowersgd_rank: [1, {useful}]\n"))) == 3
+
+
+# 15: a store nobody answers for is one line naming results, not a hang
+
+
+def test_an_unreachable_gcs_root_fails_in_seconds_naming_results(tmp_path):
+    import subprocess
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: x\nworkers: [2]\nresults: gs://my-bucket/ddpsweep\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "service.cli", "run", str(spec)], capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "results" in done.stderr and "gs://my-bucket/ddpsweep" in done.stderr
