@@ -48,7 +48,7 @@ class CachedStore:
         self._ipc_dir = tempfile.mkdtemp(prefix="ddpsweep-cache-")
         self._ipc: tuple[object, object, tuple[str, str]] | None = None  # (rows, calibration, paths)
         self._ipc_lock = threading.Lock()
-        self._memo: dict[tuple, tuple[object, object]] = {}  # key -> (rows snapshot, value)
+        self._memo: dict[tuple, tuple[object, object, float]] = {}  # key -> (rows snapshot, value, seconds)
         self._memo_locks = [threading.Lock() for _ in range(MEMO_LOCKS)]  # by key hash: bounded, whatever is asked
         self._memo_lock = threading.Lock()
         weakref.finalize(self, shutil.rmtree, self._ipc_dir, True)
@@ -94,12 +94,19 @@ class CachedStore:
             hit = self._memo.get(key)
             if hit is not None and hit[0] is rows:
                 return hit[1]  # type: ignore[return-value]
+            started = time.perf_counter()
             value = compute()
             with self._memo_lock:
-                self._memo[key] = (rows, value)
+                self._memo[key] = (rows, value, time.perf_counter() - started)
                 while len(self._memo) > MEMO_ENTRIES:
-                    self._memo.pop(next(iter(self._memo)))
+                    self._memo.pop(self._victim(rows))
             return value
+
+    def _victim(self, rows: object) -> tuple:
+        """The entry to drop: one of an older version of the store, else the cheapest to compute again (cheap
+        pages, however many are asked, never push out an expensive report)."""
+        stale = next((k for k, entry in self._memo.items() if entry[0] is not rows), None)
+        return stale if stale is not None else min(self._memo, key=lambda k: self._memo[k][2])
 
     def manifest(self, cluster: str, sweep: str) -> dict | None:
         """A sweep's `_sweep.json` (its plan), read once; None where there is none or it is corrupt."""

@@ -504,3 +504,28 @@ def test_an_unreachable_gcs_root_fails_in_seconds_naming_results(tmp_path):
     )
     assert done.returncode == 2, done.stderr[-2000:]
     assert "results" in done.stderr and "gs://my-bucket/ddpsweep" in done.stderr
+
+
+# 10: cheap pages cannot push an expensive one out of the memo
+
+
+def test_cheap_pages_never_evict_an_expensive_report(tmp_path):
+    import time
+
+    from results.cache import MEMO_ENTRIES, CachedStore
+
+    store = Store.open(str(tmp_path))
+    for r in seed_rows():
+        store.write_row(r)
+    cache = CachedStore(str(tmp_path))
+    renders = []
+
+    def report() -> str:
+        renders.append(1)
+        time.sleep(0.05)
+        return "report"
+
+    cache.memo(("report",), report)
+    for i in range(3 * MEMO_ENTRIES):
+        cache.memo(("recommend", i), lambda: "cheap")
+    assert cache.memo(("report",), report) == "report" and len(renders) == 1
