@@ -26,7 +26,7 @@ from results.errors import ResultsError, StoreNotFound, TooLarge, UnknownSelecti
 from results.reader import RowCache
 from results.store import Store
 
-STORE_MAX_ROWS = 5_000_000  # rows a server keeps in memory (about 0.5 KB each): `serve --max-rows`
+STORE_MAX_ROWS = 5_000_000  # rows a server keeps in memory: `serve --max-rows` (benchmarks/cells_memory.py)
 ANALYSIS_MAX_ROWS = 20_000  # rows a page, report, comparison or recommendation analyses (bootstraps)
 DOWNLOAD_MAX_ROWS = 500_000  # rows `/cells` returns in one response
 MEMO_ENTRIES = 64  # rendered pages and reports kept per server (each for one version of the store)
@@ -132,6 +132,10 @@ class CachedStore:
     def rows(self, cluster: str | None = None, sweep: str | None = None, *, limit: int | None = None) -> pd.DataFrame:
         """The rows of one cluster and/or sweep, with load()'s errors for an empty store or unknown label, and
         TooLarge (before any conversion) for a selection of more than `limit` rows."""
+        return self.selected(cluster, sweep, limit=limit).to_pandas()
+
+    def selected(self, cluster: str | None = None, sweep: str | None = None, *, limit: int | None = None) -> pa.Table:
+        """rows(), as the Arrow table it is (no copy): what a download streams batch by batch."""
         table = self.table()
         if table.num_rows == 0:
             raise StoreNotFound(f"no results under {self.root!r}: run a sweep first")
@@ -145,7 +149,7 @@ class CachedStore:
             table = picked
         if limit is not None and table.num_rows > limit:
             raise TooLarge(_too_many(table.num_rows, limit, cluster, sweep))
-        return table.to_pandas()
+        return table
 
 
 def _too_many(rows: int, limit: int, cluster: str | None, sweep: str | None) -> str:

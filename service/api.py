@@ -10,14 +10,19 @@ import io
 import json
 import logging
 import os
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -175,6 +180,47 @@ def _frame_response(df: pd.DataFrame, fmt: str) -> Response:
     return Response(df.to_json(orient="records", date_format="iso"), media_type="application/json")
 
 
+DOWNLOAD_BATCH = 5_000  # rows converted at a time: a download's memory is a batch's, not the selection's
+DOWNLOADS = threading.BoundedSemaphore(2)  # large responses built at once; more wait (then 503)
+DOWNLOAD_WAIT_S = 30.0
+
+
+def download(table: pa.Table, fmt: str) -> Response:
+    """`table` as JSON records, CSV or Parquet, streamed batch by batch (JSON and CSV) while at most two
+    downloads are built at once; a third waits up to DOWNLOAD_WAIT_S, then is a 503."""
+    if not DOWNLOADS.acquire(timeout=DOWNLOAD_WAIT_S):
+        raise ApiError(503, "Busy", "two downloads are being built; try again in a moment, or select one sweep")
+    if fmt == "parquet":
+        try:
+            buf = pa.BufferOutputStream()
+            pq.write_table(table, buf, compression="zstd")
+            return Response(buf.getvalue().to_pybytes(), media_type="application/vnd.apache.parquet")
+        finally:
+            DOWNLOADS.release()
+    media = "text/csv" if fmt == "csv" else "application/json"
+    return StreamingResponse(_chunks(table, fmt), media_type=media)
+
+
+def _chunks(table: pa.Table, fmt: str) -> Iterator[str]:
+    """The response's text a batch at a time (one CSV header; JSON records joined into one array)."""
+    try:
+        yield "" if fmt == "csv" else "["
+        wrote = False
+        for batch in table.to_batches(max_chunksize=DOWNLOAD_BATCH):
+            frame = batch.to_pandas()
+            if fmt == "csv":
+                text = query_mod.to_csv(frame)
+                yield text.split("\n", 1)[1] if wrote else text
+            elif len(frame):
+                yield ("," if wrote else "") + frame.to_json(orient="records", date_format="iso")[1:-1]
+            wrote = wrote or len(frame) > 0
+        if fmt == "csv" and not wrote:
+            yield query_mod.to_csv(table.slice(0, 0).to_pandas())
+        yield "" if fmt == "csv" else "]"
+    finally:
+        DOWNLOADS.release()
+
+
 def _cached_query(cache: CachedStore, sql: str) -> pd.DataFrame:
     """One query in a child process under results.isolation's limits (memory, deadline, result bytes)."""
     query_mod.check_read_only(sql)  # refused before anything is computed
@@ -211,6 +257,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
 
 def _submit(settings: ServiceSettings, text: str, cluster: str | None) -> dict:
     """Validate a submitted spec (422 naming the field), apply the server's allowlists (403), submit it."""
+    spec = jobs.parse_submission(text)
     if not settings.address:
         raise ApiError(
             503,
@@ -218,7 +265,6 @@ def _submit(settings: ServiceSettings, text: str, cluster: str | None) -> dict:
             "this server was started without a Ray cluster: it reads results but cannot submit sweeps "
             "(its operator starts it with `ddpsweep serve --address http://HEAD:8265`)",
         )
-    spec = jobs.parse_submission(text)
     check_workload_allowed(spec.workload, settings.allow_workload)
     check_env_allowed(spec, settings.allow_env)
     workdir = settings.workload_dir if jobs.needs_code(spec) else None
@@ -280,7 +326,7 @@ def add_result_routes(app: FastAPI, settings: ServiceSettings, cache: CachedStor
         status: Literal["ok", "error"] | None = None,
         format: Literal["json", "csv", "parquet"] = "json",
     ) -> Response:
-        rows = cache.rows(_label("cluster", cluster), _label("sweep", sweep), limit=DOWNLOAD_MAX_ROWS)
+        table = cache.selected(_label("cluster", cluster), _label("sweep", sweep), limit=DOWNLOAD_MAX_ROWS)
         for col, value in {
             "model": model,
             "world_size": world_size,
@@ -289,8 +335,8 @@ def add_result_routes(app: FastAPI, settings: ServiceSettings, cache: CachedStor
             "status": status,
         }.items():
             if value is not None:
-                rows = rows[rows[col] == value]
-        return _frame_response(rows.reset_index(drop=True), format)
+                table = table.filter(pc.equal(table[col], value))
+        return download(table, format)
 
     @app.post("/query", dependencies=[auth], summary="Read-only SQL (the sandbox of `ddpsweep query`)")
     async def run_query(request: Request) -> Response:

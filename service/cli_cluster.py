@@ -121,7 +121,7 @@ def serve(
         ),
     ] = None,
     max_rows: Annotated[
-        int, typer.Option("--max-rows", min=1, help="rows kept in memory (about 0.5 KB each); more is a 413")
+        int, typer.Option("--max-rows", min=1, help="rows kept in memory (about 2 KB each); more is a 413")
     ] = 5_000_000,
 ) -> None:
     """The HTTP API (OpenAPI at /openapi.json, docs at /docs). On loopback only requests for 127.0.0.1,

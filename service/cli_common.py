@@ -32,8 +32,8 @@ def printable(text: str) -> str:
     )
 
 
-def echo(text: str, *, err: bool = False, data: bool = False) -> None:
+def echo(text: str, *, err: bool = False, data: bool = False, nl: bool = True) -> None:
     """Print a command's output with its control characters escaped (printable). `data`: a machine format (CSV,
     JSON) kept exact where it goes to a file or a pipe, escaped where it goes to a terminal."""
     stream = sys.stderr if err else sys.stdout
-    typer.echo(text if data and not stream.isatty() else printable(text), err=err)
+    typer.echo(text if data and not stream.isatty() else printable(text), err=err, nl=nl)

@@ -250,9 +250,10 @@ def test_the_measurement_cap_counts_the_cells_the_grid_expands_to():
     from sweeps.grid import expand
     from sweeps.spec import cells_planned
 
-    hooks = "comm_hook: [none, fp16, powersgd]\npowersgd_rank: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]\n"
-    spec = parse_spec(f"name: x\nworkers: [2]\ngas: [1, 4]\nno_sync: [false, true]\nrepeats: 20\n{hooks}")
-    assert cells_planned(spec) == len(expand(spec)) == 2 + 3 * 12  # refused as 2400 x 20 before
+    hooks = "comm_hook: [none, fp16, powersgd]\npowersgd_rank: [1, 2, 3, 4, 5, 6, 8, 12, 16, 24]\n"
+    spec = parse_spec(f"name: x\nworkers: [2]\ngas: [1, 4]\nno_sync: [false, true]\nrepeats: 100\n{hooks}")
+    # 38 cells x 100 rounds = 3,800 measurements: refused before as 12,000 (a product of the axis lengths)
+    assert cells_planned(spec) == len(expand(spec)) == 2 + 3 * 12
     for text in (
         "gas: [1, 2]\nmodes: [ddp, naive]\nno_sync: [false, true]\n",
         "topology: [1x2, 2x1]\ntiming: [sync, loop]\n",
@@ -529,3 +530,34 @@ def test_cheap_pages_never_evict_an_expensive_report(tmp_path):
     for i in range(3 * MEMO_ENTRIES):
         cache.memo(("recommend", i), lambda: "cheap")
     assert cache.memo(("report",), report) == "report" and len(renders) == 1
+
+
+# 9: large downloads stream, and only two are built at once
+
+
+def test_cells_streams_batches_and_bounds_concurrent_downloads(tmp_path, monkeypatch):
+    import csv
+    import io
+
+    from service import api
+
+    store = Store.open(str(tmp_path))
+    for rep in range(3):
+        for r in seed_rows():
+            store.write_row(r | {"repeat": rep})
+    monkeypatch.setattr(api, "DOWNLOAD_BATCH", 5)  # 24 rows: five batches
+    c = client(results=str(tmp_path))
+    records = c.get("/cells").json()
+    assert len(records) == 24 and {r["repeat"] for r in records} == {0, 1, 2}
+    rows = list(csv.DictReader(io.StringIO(c.get("/cells", params={"format": "csv"}).text)))
+    assert len(rows) == 24 and rows[0]["cluster"] == "pcie-8x"
+    assert c.get("/cells", params={"status": "error"}).json() == []
+    monkeypatch.setattr(api, "DOWNLOAD_WAIT_S", 0.1)
+    assert api.DOWNLOADS.acquire(timeout=1) and api.DOWNLOADS.acquire(timeout=1)  # two downloads in progress
+    try:
+        busy = c.get("/cells")
+        assert busy.status_code == 503 and busy.json()["error"]["type"] == "Busy"
+    finally:
+        api.DOWNLOADS.release()
+        api.DOWNLOADS.release()
+    assert c.get("/cells").status_code == 200
