@@ -27,7 +27,7 @@ from ray.util.queue import Queue
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from results.racing import Rule
-from sweeps import leftover
+from sweeps import deaths, leftover
 from sweeps.grid import Cell, Group, Slot
 from sweeps.options import TrialOptions, placement_for, worker_resources
 from sweeps.rounds import RoundPlanner
@@ -157,7 +157,8 @@ class GroupRun:
         if self.running is None:
             return None
         slot, started, t = self.running
-        return build_row(slot, self.ctx, started=started, wall_s=time.perf_counter() - t, error=message)
+        row = build_row(slot, self.ctx, started=started, wall_s=time.perf_counter() - t, error=message)
+        return row | {"env": row.get("env") or started_with(self.group, self.opts)}
 
 
 def _fit_error(ref: ray.ObjectRef) -> str | None:
@@ -166,7 +167,7 @@ def _fit_error(ref: ray.ObjectRef) -> str | None:
         return None
     except RayTaskError as e:
         cause = e.cause if isinstance(e.cause, Exception) else e
-        return f"worker group failed: {type(cause).__name__}: {cause}"
+        return f"worker group failed: {deaths.explain(f'{type(cause).__name__}: {cause}')}"
     except RayError as e:
         return f"worker group failed: {type(e).__name__}: {e}"
 
@@ -222,7 +223,14 @@ def run_group(group: Group, opts: TrialOptions) -> Iterator[dict]:
         why = why or "the worker group ended before measuring it"
     ctx = row_context(current, opts, now())
     for slot in current.slots:
-        yield build_row(slot, ctx, started=now(), wall_s=0.0, error=f"not measured: group failed twice ({why})")
+        row = build_row(slot, ctx, started=now(), wall_s=0.0, error=f"not measured: group failed twice ({why})")
+        yield row | {"env": started_with(current, opts)}
+
+
+def started_with(group: Group, opts: TrialOptions) -> str:
+    """The variables a group's workers were started with, as the spec gave them (a group that never started
+    has no fingerprint to say so)."""
+    return json.dumps(dict(sorted((opts.env | group.first.env_vars).items())))
 
 
 def _rest(group: Group, written: set[tuple[str, int]], planner: RoundPlanner | None) -> Group | None:

@@ -561,3 +561,53 @@ def test_cells_streams_batches_and_bounds_concurrent_downloads(tmp_path, monkeyp
         api.DOWNLOADS.release()
         api.DOWNLOADS.release()
     assert c.get("/cells").status_code == 200
+
+
+# 6: a worker environment that crashes every worker says which signal, where, and with what environment
+
+
+FAULT = """Fatal Python error: Segmentation fault
+
+Thread 0x00007f (most recent call first):
+  File "/x/torch/nn/parallel/distributed.py", line 1473 in _ddp_init_helper
+  File "/x/trainers/step.py", line 106 in wrap_ddp
+
+Extension modules: torch._C (total: 1)"""
+
+
+def test_a_dead_workers_signal_and_frames_lead_the_message(monkeypatch):
+    from sweeps import deaths
+
+    ray_says = "WorkerGroupError: Training failed\nmetadata=ActorMetadata(node_ip='10.0.0.2',\n pid=4242,\n)\n"
+    ray_says += "The actor died unexpectedly"
+    seen = {}
+    monkeypatch.setattr(deaths, "stderr_tail", lambda ip, pid: seen.update(ip=ip, pid=pid) or FAULT.splitlines())
+    text = deaths.explain(ray_says)
+    assert seen == {"ip": "10.0.0.2", "pid": 4242}
+    assert text.startswith("a worker process (pid 4242) died of SIGSEGV (Segmentation fault)")
+    assert 'step.py", line 106 in wrap_ddp' in text and "(Ray: WorkerGroupError: Training failed)" in text
+    monkeypatch.setattr(deaths, "stderr_tail", lambda ip, pid: [])
+    assert deaths.explain(ray_says) == ray_says  # nothing readable: Ray's message as it was
+
+
+@pytest.mark.ray
+def test_a_worker_env_that_segfaults_every_worker_is_named_in_the_rows(tmp_path):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL segfaults DDP's constructor on gloo (torch 2.13): the rows said "worker health
+    check failed" with env null."""
+    import subprocess
+
+    from results.store import load
+
+    spec = tmp_path / "crash.yaml"
+    spec.write_text(
+        "name: crash\nworkers: [2]\nbackend: gloo\nuse_gpu: false\ngroup_start_timeout_s: 120\n"
+        "env: {TORCH_DISTRIBUTED_DEBUG: DETAIL}\n"
+    )
+    results = str(tmp_path / "r")
+    env = os.environ | {"PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    cmd = [sys.executable, "-m", "service.cli", "run", str(spec), "--results", results]
+    subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
+    rows = load(results)
+    assert len(rows) == 2 and set(rows["status"]) == {"error"}
+    assert set(rows["env"]) == {'{"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}'}
+    assert all("died of SIGSEGV" in e and "wrap_ddp" in e for e in rows["error"]), rows["error"].iloc[0][:2000]
