@@ -258,6 +258,8 @@ def create_app(settings: ServiceSettings) -> FastAPI:
 def _submit(settings: ServiceSettings, text: str, cluster: str | None) -> dict:
     """Validate a submitted spec (422 naming the field), apply the server's allowlists (403), submit it."""
     spec = jobs.parse_submission(text)
+    check_workload_allowed(spec.workload, settings.allow_workload)
+    check_env_allowed(spec, settings.allow_env)
     if not settings.address:
         raise ApiError(
             503,
@@ -265,8 +267,6 @@ def _submit(settings: ServiceSettings, text: str, cluster: str | None) -> dict:
             "this server was started without a Ray cluster: it reads results but cannot submit sweeps "
             "(its operator starts it with `ddpsweep serve --address http://HEAD:8265`)",
         )
-    check_workload_allowed(spec.workload, settings.allow_workload)
-    check_env_allowed(spec, settings.allow_env)
     workdir = settings.workload_dir if jobs.needs_code(spec) else None
     sweep_id, job_id = jobs.submit(
         text, spec, address=settings.address, cluster=cluster, results=settings.results, workdir=workdir

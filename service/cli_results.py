@@ -126,7 +126,9 @@ def scaling(
     the busbw each topology reached where the sweep calibrated, and the knee."""
     import pandas as pd
 
+    from results import identity
     from results.query import render
+    from results.scaling import SERIES as scaling_series
     from results.scaling import scaling as scaling_table
     from results.store import load, load_calibration
 
@@ -159,13 +161,12 @@ def scaling(
         "busbw_gbps",
         "knee",
     ]
-    echo(render(table[shown], fmt), data=fmt != "table")
-    for k in table[table["knee_why"] != ""].itertuples():
-        what = "knee" if k.knee else "drop"  # every significant drop is named; the knee is the steepest
-        echo(
-            f"{what}: {k.cluster} gas={k.gas} bucket={k.bucket_cap_mb:g} MB at {k.topology}: {k.knee_why}",
-            err=fmt != "table",
-        )
+    echo(render(table[identity.with_varying(shown, table)], fmt), data=fmt != "table")  # a varying knob: a column
+    varies = identity.varying(table, [k for k in scaling_series if k not in shown])  # a series: all but placement
+    series = ["cluster", "gas", "no_sync", "bucket_cap_mb", *varies]
+    for _, k in table[table["knee_why"] != ""].iterrows():
+        what = "knee" if k["knee"] else "drop"  # every significant drop is named; the knee is the steepest
+        echo(f"{what}: {identity.labels(k, series)} at {k['topology']}: {k['knee_why']}", err=fmt != "table")
 
 
 def report(

@@ -23,7 +23,7 @@ class SpecError(ConfigError):
     """A sweep spec field is invalid; `field` is its dotted path (e.g. `bucket_cap_mb[2]`)."""
 
 
-TOPOLOGY_RE = re.compile(r"([1-9][0-9]{0,3})x([1-9][0-9]{0,4})")  # one spelling each: no 01x2, no trailing newline
+TOPOLOGY_RE = re.compile(r"(0|[1-9][0-9]{0,3})x(0|[1-9][0-9]{0,4})")  # one spelling each: no 01x2, no trailing newline
 
 
 def parse_topology(text: str) -> tuple[int, int]:

@@ -135,10 +135,12 @@ def test_the_planner_sends_min_rounds_then_one_round_per_look_and_stamps_the_dro
 
 
 def test_rows_of_a_looked_at_round_are_held_until_the_look():
-    p = planner_for(spec(repeats=4, search="race", min_rounds=1))
-    keys = p.first_rounds()[0]
+    p = planner_for(spec(repeats=4, search="race", min_rounds=2))
+    first, looked_at = p.first_rounds()
     rng = np.random.default_rng(0)
-    out = [p.on_row(round_rows(rng, {c: 0.0}, range(r, r + 1), 0.01)[0]) for c, r in keys]
+    before = [p.on_row(round_rows(rng, {c: 0.0}, range(r, r + 1), 0.01)[0]) for c, r in first]
+    assert [len(rows) for rows, _ in before] == [1, 1, 1]  # no look follows round 1: each row at once
+    out = [p.on_row(round_rows(rng, {c: 0.0}, range(r, r + 1), 0.01)[0]) for c, r in looked_at]
     assert [len(rows) for rows, _ in out] == [0, 0, 3]  # released together, after the round's look
     assert all("eliminated_at_round" in row for row in out[-1][0]) and out[-1][1][0]  # and the next round sent
 

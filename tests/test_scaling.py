@@ -106,7 +106,7 @@ def test_the_report_and_the_cli_show_the_scaling_section(tmp_path):
         cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr
-    assert "knee: netns gas=1 bucket=25 MB at 2x1" in out.stdout and "1x2" in out.stdout
+    assert "knee: cluster=netns gas=1 no_sync=false bucket_cap_mb=25 at 2x1" in out.stdout and "1x2" in out.stdout
     figure = tmp_path / "curves.png"
     args = ["compare", "--results", store.uri, "--cluster", "netns", "--cluster", "faster-link"]
     cmp = subprocess.run(
