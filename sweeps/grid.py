@@ -239,6 +239,7 @@ class Group:
     calibrate: bool = False  # an all-reduce sweep on the group's ranks before its first cell
     shape: Cell | None = None  # the cell that shapes the worker group (default: the first slot's)
     rule: dict | None = None  # results.racing.Rule as a dict: the trial decides each next round (None: as planned)
+    prior: tuple[dict, ...] = ()  # --resume of a decided sweep: the ok rows its rounds already stored (evidence)
 
     @property
     def first(self) -> Cell:
@@ -263,6 +264,7 @@ class Group:
             "calibrate": self.calibrate,
             "shape": self.first.to_dict(),
             "rule": self.rule,
+            "prior": list(self.prior),
         }
 
     @classmethod
@@ -280,6 +282,7 @@ class Group:
             calibrate=data.get("calibrate", False),
             shape=shape,
             rule=data.get("rule"),
+            prior=tuple(data.get("prior", ())),
         )
 
 

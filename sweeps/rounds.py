@@ -35,7 +35,8 @@ class RoundPlanner:
         self.rivals = _rivals(group) if before is None else before.rivals
         self.eliminated_at: dict[str, int] = {} if before is None else dict(before.eliminated_at)
         self.alive -= set(self.eliminated_at)
-        self.ok_rows: list[dict] = [] if before is None else list(before.ok_rows)
+        self.ok_rows: list[dict] = list(group.prior) if before is None else list(before.ok_rows)
+        self.offset = len({r["round"] for r in group.prior})  # rounds a resumed sweep already measured
         self.held: list[dict] = []
         self.waiting: dict[int, set[Key]] = {}
         self.next_index = 0
@@ -43,8 +44,10 @@ class RoundPlanner:
         self.reason = ""
 
     def first_rounds(self) -> list[list[Key]]:
-        """The rounds sent before any look: the first min_rounds (or all there are)."""
-        return [self._send() for _ in range(min(self.rule.min_rounds, len(self.order)))]
+        """The rounds sent before any look: the first min_rounds (or all there are), counting those a resumed
+        sweep already measured (one at least)."""
+        first = max(1, self.rule.min_rounds - self.offset)
+        return [self._send() for _ in range(min(first, len(self.order)))]
 
     def _send(self) -> list[Key]:
         r = self.order[self.next_index]
@@ -60,7 +63,7 @@ class RoundPlanner:
         if row["status"] == "ok":
             self.ok_rows.append(row)
         self.held.append(row)
-        done = self.order.index(r) + 1  # rounds complete once this one is
+        done = self.offset + self.order.index(r) + 1  # rounds complete once this one is, a resume's included
         look = done in self.rule.looks_at
         if self.waiting.get(r):
             return ([] if look else self._release()), []  # a look's rows wait for it

@@ -65,9 +65,20 @@ class SweepPlan:
 
     def groups(self) -> list[Group]:
         """The groups to launch, each with the rule that decides its rounds: called once, as Tune starts, so
-        max_sweep_s counts from the sweep's start."""
+        max_sweep_s counts from the sweep's start. A resumed decided sweep gives each group the rows its
+        rounds already stored, so its looks weigh every round, not only the resumed ones."""
         rule = asdict(self.rule()) if self.spec.decides and not self.calibrate_only else None
-        return [replace(g, rule=rule) for g in self.shapes()] if rule else self.shapes()
+        if rule is None:
+            return self.shapes()
+        stored = self._stored_ok() if self.resumed else []
+        return [
+            replace(g, rule=rule, prior=tuple(r for r in stored if r["cell_id"] in {s.cell.cell_id for s in g.slots}))
+            for g in self.shapes()
+        ]
+
+    def _stored_ok(self) -> list[dict]:
+        rows = self.store.read_table(self.cluster, self.sweep_id).to_pylist()
+        return [r for r in rows if r["status"] == "ok"]
 
     def rule(self) -> Rule:
         """How the groups decide between rounds; max_sweep_s counts from now (the sweep's start)."""

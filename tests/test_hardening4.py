@@ -611,3 +611,14 @@ def test_a_worker_env_that_segfaults_every_worker_is_named_in_the_rows(tmp_path)
     assert len(rows) == 2 and set(rows["status"]) == {"error"}
     assert set(rows["env"]) == {'{"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}'}
     assert all("died of SIGSEGV" in e and "wrap_ddp" in e for e in rows["error"]), rows["error"].iloc[0][:2000]
+
+
+# 13: submit checks the folder it would ship before anything is sent
+
+
+@pytest.mark.parametrize(("workdir", "says"), [("/", "filesystem root"), ("/nonexistent/x", "an existing folder")])
+def test_submit_checks_its_workdir_before_contacting_the_cluster(tmp_path, workdir, says):
+    spec = tmp_path / "s.yaml"
+    spec.write_text('name: x\nworkers: [2]\nworkload: "mine.models:build"\n')
+    out = CliRunner().invoke(app, ["submit", str(spec), "--workdir", workdir, "--address", "http://127.0.0.1:9"])
+    assert out.exit_code == 2 and out.output.startswith("error: --workdir") and says in out.output

@@ -191,3 +191,38 @@ def test_each_cell_gets_the_first_ranks_of_each_node_of_the_host_group():
         ranks_for(cells["2x2"], uneven)
     groups = plan_groups([(c, 0) for c in cells.values()], sweep_id="t", isolation="sweep")
     assert sorted(g.first.world_size for g in groups) == [2, 4]  # one worker group per node count
+
+
+def test_a_resumed_race_looks_at_every_round_it_has():
+    """--resume of a race killed after 3 of 6 rounds: its group carries the stored rows, so the first look after
+    the resume weighs all 4 rounds of each cell (it used the resumed round alone)."""
+    from dataclasses import replace
+
+    s = spec(repeats=6, search="race", min_rounds=3, tolerance=0.02)
+    cells = [c for c in expand(s) if c.step.mode == "ddp"]
+    slow = cells[0].cell_id
+    rng = np.random.default_rng(3)
+    prior = [
+        row | {"group_id": "g"}
+        for c in cells
+        for row in round_rows(rng, {c.cell_id: 0.3 if c.cell_id == slow else 0.0}, range(3), 0.01)
+    ]
+    (group,) = plan_groups([(c, r) for c in cells for r in range(3, 6)], sweep_id="s")
+    from sweeps.runner import SweepPlan
+
+    rule = SweepPlan(s, "s", "c", None, cells, []).rule()
+    p = RoundPlanner(replace(group, prior=tuple(prior)), rule)
+    assert p.offset == 3 and rule.looks_at[:2] == (3, 5)
+    (first,) = p.first_rounds()  # three rounds already stored: one more, then the look at 5
+    assert {k[1] for k in first} == {3}
+    looked = []
+    for keys in [first]:
+        for cell, repeat in keys:
+            (row,) = round_rows(rng, {cell: 0.3 if cell == slow else 0.0}, range(repeat, repeat + 1), 0.01)
+            looked += p.on_row(row | {"group_id": "g"})[1]
+    (second,) = [m for m in looked if m]
+    for cell, repeat in second:
+        (row,) = round_rows(rng, {cell: 0.3 if cell == slow else 0.0}, range(repeat, repeat + 1), 0.01)
+        p.on_row(row | {"group_id": "g"})
+    assert sum(r["cell_id"] == slow for r in p.ok_rows) == 5  # every stored round of the slow cell, and the new
+    assert p.eliminated_at == {slow: 4}  # dropped at the look after its fifth round
