@@ -236,6 +236,7 @@ def test_a_hung_cluster_stalls_no_request(tmp_path, live_server):
                 assert httpx.get(base + path, timeout=60).status_code == 200
                 took[path] = time.perf_counter() - t0
             answers = [p.result() for p in polls]
+        print(f"\nhung cluster, 45 polls + a POST in flight: {took}")
         assert max(took.values()) < 3.0, took
         assert {a.status_code for a in answers} == {200}
         assert submit.result().status_code == 503  # the cluster's timeout, answered in its own thread
