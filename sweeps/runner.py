@@ -71,10 +71,11 @@ class SweepPlan:
         if rule is None:
             return self.shapes()
         stored = self._stored_ok() if self.resumed else []
-        return [
-            replace(g, rule=rule, prior=tuple(r for r in stored if r["cell_id"] in {s.cell.cell_id for s in g.slots}))
-            for g in self.shapes()
-        ]
+        groups = []
+        for g in self.shapes():
+            mine = {s.cell.cell_id for s in g.slots}
+            groups.append(replace(g, rule=rule, prior=tuple(r for r in stored if r["cell_id"] in mine)))
+        return groups
 
     def _stored_ok(self) -> list[dict]:
         rows = self.store.read_table(self.cluster, self.sweep_id).to_pylist()
