@@ -68,7 +68,43 @@ def usable(rows: pd.DataFrame) -> pd.DataFrame:
     comparisons are round-blocked, so a slow round moves every cell together; dropping it cost a third of a
     3-round sweep's data and widened every interval by t(1)/z = 6.5x."""
     keep = (rows["status"] == "ok") & (rows["replicas_in_sync"] != False) & ~planted(rows)  # noqa: E712
-    return identity.with_knobs(rows[keep])
+    return identity.with_knobs(rows[keep & ~failed_check(rows)])
+
+
+def failed_check(rows: pd.DataFrame) -> pd.Series:
+    """Per row: its configuration failed the gradient check in at least one measurement (trainers.gradcheck). Every
+    row of that configuration is left out of every answer (a setting that sometimes sums wrong is not an answer),
+    and shown with its error (`failed_configurations`)."""
+    if "grad_check" not in rows or not (rows["grad_check"] == "failed").any():
+        return pd.Series(False, index=rows.index)
+    keys = identity.with_knobs(rows)[CONFIG_KEYS].astype(str).apply(tuple, axis=1)
+    return keys.isin(set(keys[rows["grad_check"] == "failed"]))
+
+
+def failed_configurations(rows: pd.DataFrame) -> pd.DataFrame:
+    """One line per configuration that failed the gradient check: its knobs, how many of its measurements failed,
+    and the largest error beside its tolerance."""
+    bad = identity.with_knobs(rows[failed_check(rows)])
+    cols = [*CONFIG_KEYS, "failed", "measured", "grad_rel_error", "grad_tol"]
+    if bad.empty:
+        return pd.DataFrame(columns=cols)
+    bad = bad.assign(failed=bad["grad_check"] == "failed", measured=bad["grad_check"].notna())
+    agg = {"failed": "sum", "measured": "sum", "grad_rel_error": "max", "grad_tol": "max"}
+    return bad.groupby(CONFIG_KEYS, dropna=False).agg(agg).reset_index().reindex(columns=cols)
+
+
+def gradient_checks(rows: pd.DataFrame) -> pd.DataFrame:
+    """Every checked configuration's gradient check: the usable ones (exact or approximate, the median error and
+    its range) and the failed ones (left out of every answer, with their largest error), failed first."""
+    cells = ok_cells(rows)
+    if "grad_check" in cells:
+        cells = cells[cells["grad_check"].notna() & (cells["grad_check"] != "off")]
+    failed = failed_configurations(rows).rename(columns={"failed": "grad_checks_failed", "measured": "grad_checks"})
+    failed = failed.assign(grad_check="failed", grad_rel_error_max=failed["grad_rel_error"])
+    cols = [*CONFIG_KEYS, "grad_check", "grad_rel_error", "grad_rel_error_min", "grad_rel_error_max"]
+    cols += ["grad_checks", "grad_checks_failed", "grad_tol"]
+    parts = [p.reindex(columns=cols) for p in (failed, cells) if not p.empty]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
 
 
 def planted(rows: pd.DataFrame) -> pd.Series:
@@ -97,17 +133,38 @@ def ok_cells(rows: pd.DataFrame) -> pd.DataFrame:
         "tokens_per_step",
         "grad_bytes",
         "bucket_sizes_bytes",
+        *NUMERICS,
     ]
     if ok.empty:
         return pd.DataFrame(columns=cols)
     out = cell_replicates(ok, CONFIG_KEYS)
     firsts = {c: "first" for c in ("tokens_per_step", "grad_bytes", "bucket_sizes_bytes") if c in ok}
-    extra = ok.groupby(CONFIG_KEYS, dropna=False, sort=True).agg({"step_ms_cv": "max", **firsts})
+    grouped = ok.groupby(CONFIG_KEYS, dropna=False, sort=True)
+    extra = grouped.agg({"step_ms_cv": "max", **firsts})
+    extra = extra.join(_numerics(grouped)) if "grad_check" in ok else extra
     for column in extra.columns:  # the same groups in the same order as cell_replicates' lines
         out[column] = extra[column].to_numpy()
     out["tokens_per_s"] = out["tokens_per_step"] / (out["step_ms"] / 1e3)
     out["samples_per_s"] = samples_per_step(out) / (out["step_ms"] / 1e3)
     return out.reindex(columns=cols)
+
+
+NUMERICS = ["grad_check", "grad_rel_error", "grad_rel_error_min", "grad_rel_error_max", "grad_checks"]
+"""A configuration's gradient check over its measurements: the verdict, the median error and its range, and how
+many measurements were checked."""
+
+
+def _numerics(grouped) -> pd.DataFrame:
+    err = grouped["grad_rel_error"]
+    return pd.DataFrame(
+        {
+            "grad_check": grouped["grad_check"].first(),
+            "grad_rel_error": err.median(),
+            "grad_rel_error_min": err.min(),
+            "grad_rel_error_max": err.max(),
+            "grad_checks": err.count(),
+        }
+    )
 
 
 def samples_per_step(frame: pd.DataFrame) -> pd.Series:

@@ -40,12 +40,43 @@ def recommend(rows: pd.DataFrame) -> list[dict]:
     """One recommendation per curve that has DDP cells with ok rows (see the module docstring)."""
     cells = analysis.ok_cells(rows)
     ddp = cells[(cells["mode"] == "ddp") & cells["bucket_cap_mb"].notna()]
-    envs = _envs(rows)
+    envs, failed = _envs(rows), analysis.failed_configurations(rows)
     out = []
     for key, grp in ddp.groupby(CURVE, dropna=False):
         curve = dict(zip(CURVE, key, strict=True))
-        out.append(_curve(curve, grp, envs.get((curve["cluster"], curve["sweep_id"]), {})))
+        rec = _curve(curve, grp, envs.get((curve["cluster"], curve["sweep_id"]), {}))
+        out.append(rec | {"excluded": _excluded(curve, failed)})
     return out
+
+
+def _excluded(curve: dict, failed: pd.DataFrame) -> list[dict]:
+    """The curve's configurations left out because their gradient check failed, each with why."""
+    mine = failed
+    for k, v in curve.items():
+        mine = mine[mine[k].isna()] if pd.isna(v) else mine[mine[k] == v]
+    return [
+        _config(r)
+        | {
+            "reason": (
+                f"failed the gradient check in {int(r['failed'])} of {int(r['measured'])} measurement(s): "
+                f"error {r['grad_rel_error']:.2e} against a tolerance of {r['grad_tol']:.2e} for an exact "
+                "configuration (its sum is wrong, whatever its speed)"
+            )
+        }
+        for _, r in mine.iterrows()
+    ]
+
+
+def numerics(r: pd.Series) -> dict:
+    """A configuration's gradient check over the sweep: verdict, median relative error and its range."""
+    if pd.isna(r.get("grad_check")):
+        return {"grad_check": None}
+    return {
+        "grad_check": str(r["grad_check"]),
+        "grad_rel_error": _num(r.get("grad_rel_error")),
+        "grad_rel_error_range": [_num(r.get("grad_rel_error_min")), _num(r.get("grad_rel_error_max"))],
+        "grad_checks": int(r.get("grad_checks", 0)),
+    }
 
 
 def _curve(curve: dict, grp: pd.DataFrame, env: dict[str, str]) -> dict:
@@ -56,9 +87,9 @@ def _curve(curve: dict, grp: pd.DataFrame, env: dict[str, str]) -> dict:
         "topology": f"{int(curve['num_nodes'])}x{int(curve['world_size']) // int(curve['num_nodes'])}",
         "cells": len(grp),
         "n_repeats": int(grp["n_repeats"].min()),
-        "best": _config(best) | _timing(best),
+        "best": _config(best) | _timing(best) | {"numerics": numerics(best)},
         "indistinguishable": [_config(r) for _, r in grp.iterrows() if analysis.same_as(r, best)],
-        "default": None if default is None else _config(default) | _timing(default),
+        "default": None if default is None else _config(default) | _timing(default) | {"numerics": numerics(default)},
         "default_note": default_note,
     }
     out |= _gain(best, default) | _resolution(grp, best)
@@ -67,6 +98,8 @@ def _curve(curve: dict, grp: pd.DataFrame, env: dict[str, str]) -> dict:
         verdict = _too_few_rounds(out, best, default)
     out["verdict"], out["recommended"] = verdict.text, verdict.recommended
     out["changes_numerics"] = out["recommended"]["comm_hook"] != "none"
+    out["recommended_numerics"] = numerics(_row_of(grp, verdict.recommended))
+    out["gradient_check"] = check_text(out)
     env = env | json.loads(out["recommended"]["env_grid"])
     out["snippet"] = snippet(out["recommended"], int(curve["gas"]), env, cuda=curve.get("device_type") == "cuda")
     return out
@@ -78,7 +111,7 @@ def _too_few_rounds(out: dict, best: pd.Series, default: pd.Series) -> Verdict:
     text = (
         f"{out['n_repeats']} rounds are too few to tell configurations apart (an interval between rounds needs "
         f"at least {MIN_ROUNDS}): run repeats: {MIN_ROUNDS} or more; the defaults stay until then "
-        f"(best measured so far: {_describe(_config(best))})"
+        f"(best measured so far: {describe(_config(best))})"
     )
     return Verdict(text, _config(default))
 
@@ -99,14 +132,28 @@ def _exact_unless_separated(verdict: Verdict, out: dict, grp: pd.DataFrame, best
     if chosen["comm_hook"] == "none":
         return verdict
     exact = grp[grp["comm_hook"] == "none"]
-    lossy = f"{_describe(chosen)} compresses gradients ({_compression(chosen)}) and changes the numerics"
+    lossy = f"{describe(chosen)} compresses gradients ({_compression(chosen)}) and changes the numerics"
+    lossy += _error_text(numerics(_row_of(grp, chosen)))
     if exact.empty:
         return Verdict(f"{verdict.text}; note: {lossy} (the sweep measured no exact configuration)", chosen)
     best_exact = exact.loc[exact["step_ms"].idxmin()]
     if analysis.same_as(best_exact, best):
         why = f"the best measured, {lossy}, and cannot be told apart from the best exact one"
-        return Verdict(f"use {_describe(_config(best_exact))}: {why}", _config(best_exact))
+        return Verdict(f"use {describe(_config(best_exact))}: {why}", _config(best_exact))
     return Verdict(f"{verdict.text}; note: {lossy}: check convergence before adopting it", chosen)
+
+
+def _row_of(grp: pd.DataFrame, cfg: dict) -> pd.Series:
+    """The curve's line of the configuration `cfg` (knobs as _config gives them)."""
+    return next(r for _, r in grp.iterrows() if _config(r) == cfg)
+
+
+def _error_text(n: dict) -> str:
+    """`: gradient error 3.1e-04 [2.9e-04, 3.3e-04]` (median and range over its checks), or nothing unchecked."""
+    if n.get("grad_rel_error") is None:
+        return " (its gradient error was not measured)"
+    lo, hi = n["grad_rel_error_range"]
+    return f" (gradient error {n['grad_rel_error']:.1e} [{lo:.1e}, {hi:.1e}] over {n['grad_checks']} checks)"
 
 
 def _compression(cfg: dict) -> str:
@@ -140,7 +187,7 @@ def _gain(best: pd.Series, default: pd.Series | None) -> dict:
 def _verdict(out: dict, best: pd.Series, default: pd.Series | None) -> Verdict:
     cfg, g = _config(best), out
     if default is None:
-        return Verdict(f"best measured: {_describe(cfg)}; the sweep has no default cell to compare it with", cfg)
+        return Verdict(f"best measured: {describe(cfg)}; the sweep has no default cell to compare it with", cfg)
     if _config(default) == cfg:
         which = (
             "PyTorch's defaults are"
@@ -155,11 +202,11 @@ def _verdict(out: dict, best: pd.Series, default: pd.Series | None) -> Verdict:
             else f" (gain {_pct(g['gain'])} [{_pct(g['gain_ci_lo'])}, {_pct(g['gain_ci_hi'])}])"
         )
         text = (
-            f"The intervals cannot separate the best configuration ({_describe(cfg)}) from the defaults{shown}: "
+            f"The intervals cannot separate the best configuration ({describe(cfg)}) from the defaults{shown}: "
             f"keep the defaults, or measure more rounds{_more_rounds(out)}"
         )
         return Verdict(text, _config(default))
-    return Verdict(f"use {_describe(cfg)}: {_gain_text(g)} throughput over the defaults", cfg)
+    return Verdict(f"use {describe(cfg)}: {_gain_text(g)} throughput over the defaults", cfg)
 
 
 def _resolution(grp: pd.DataFrame, best: pd.Series) -> dict:
@@ -284,10 +331,10 @@ def _timing(r: pd.Series) -> dict:
 
 
 SPELLED = {"bucket_cap_mb", "gradient_as_bucket_view", "no_sync", "comm_hook", "powersgd_rank", "first_bucket_mb"}
-SPELLED |= {"env_grid", "powersgd_start_iter"}  # knobs _describe words itself; every other one reads k=v
+SPELLED |= {"env_grid", "powersgd_start_iter"}  # knobs describe words itself; every other one reads k=v
 
 
-def _describe(cfg: dict) -> str:
+def describe(cfg: dict) -> str:
     sync = ", no_sync() on all but the last micro-step" if cfg["no_sync"] else ""
     text = f"bucket_cap_mb={cfg['bucket_cap_mb']:g}, gradient_as_bucket_view={cfg['gradient_as_bucket_view']}"
     extra = [f"{k}={cfg[k]}" for k, default in DEFAULTS.items() if k not in SPELLED and cfg[k] != default]
@@ -343,20 +390,26 @@ def to_text(recs: list[dict]) -> str:
         head = f"{r['model']} on {r['cluster']} ({r['sweep_id']}), {r['topology']}, gas {r['gas']}:"
         timing = f"  best {b['step_ms']:.2f} ms [{_f(b['step_ms_ci_lo'])}, {_f(b['step_ms_ci_hi'])}]"
         timing += f", {b['samples_per_s']:.1f} samples/s"
-        same = "; ".join(_describe(c) for c in r["indistinguishable"])
-        blocks.append(
-            "\n".join(
-                [
-                    head,
-                    f"  {r['verdict']}",
-                    timing,
-                    f"  compared with: {r['default_note']}",
-                    f"  indistinguishable from the best: {same}",
-                ]
-                + ["  " + line for line in r["snippet"].splitlines()]
-            )
-        )
+        same = "; ".join(describe(c) for c in r["indistinguishable"])
+        lines = [head, f"  {r['verdict']}", timing, f"  compared with: {r['default_note']}"]
+        lines += [
+            f"  indistinguishable from the best: {same}",
+            f"  gradient check: {r.get('gradient_check') or check_text(r)}",
+        ]
+        lines += [f"  left out: {describe(c)}: {c['reason']}" for c in r.get("excluded", [])]
+        blocks.append("\n".join(lines + ["  " + line for line in r["snippet"].splitlines()]))
     return "\n\n".join(blocks)
+
+
+def check_text(r: dict) -> str:
+    """The recommended configuration's gradient check in words."""
+    n = r.get("recommended_numerics") or {}
+    if n.get("grad_check") is None:
+        return "not run (grad_check: false, or rows from before the check)"
+    if n["grad_check"] == "off":
+        return "off (grad_check: false)"
+    what = {"exact": "exact, within fp32 reduction order", "approximate": "approximate (a compressing hook)"}
+    return f"{what.get(n['grad_check'], n['grad_check'])}{_error_text(n)}"
 
 
 def _f(x: float | None) -> str:

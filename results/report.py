@@ -153,6 +153,8 @@ NO_SYNC_COLUMNS += ["tokens_per_s_gain"]
 CELL_COLUMNS = ["cluster", "sweep_id", "mode", "world_size", "num_nodes", "bucket_cap_mb", "gas", "no_sync"]
 CELL_COLUMNS += ["step_ms", "tokens_per_s", "efficiency", "exposed_comm_ms", "baseline_source", "n_repeats", "n_steps"]
 ERROR_COLUMNS = ["cluster", "sweep_id", "cell_id", "mode", "world_size", "error"]
+CHECK_COLUMNS = ["cluster", "world_size", "gas", "no_sync", "bucket_cap_mb", "comm_hook", "grad_check"]
+CHECK_COLUMNS += ["grad_rel_error", "grad_rel_error_min", "grad_rel_error_max", "grad_tol", "grad_checks"]
 NO_KNEE = "No knee: per-rank throughput never fell by 10% or more (its whole interval) from one topology to the next."
 
 
@@ -188,6 +190,8 @@ def _recommendations(rows: pd.DataFrame) -> list[dict]:
             "verdict": r["verdict"],
             "default_note": r["default_note"],
             "snippet": r["snippet"],
+            "check": r["gradient_check"],
+            "excluded": [f"{recommend.describe(c)}: {c['reason']}" for c in r["excluded"]],
         }
         for r in recommend.recommend(rows)
     ]
@@ -210,6 +214,9 @@ def _sections(rows: pd.DataFrame, calibration: pd.DataFrame | None) -> list[Sect
         sections += scaling_tables(rows, calibration)
     if calibration is not None and not calibration.empty:
         sections += calibration_tables(rows, calibration)
+    checks = analysis.gradient_checks(rows)
+    if not checks.empty:
+        sections.append(Section("Gradient check", _table(checks, CHECK_COLUMNS)))
     errors = rows[rows["status"] == "error"]
     if not errors.empty:
         sections.append(Section("Errors", _table(errors, ERROR_COLUMNS)))

@@ -61,6 +61,7 @@ PLACEMENT = [
     pa.field("eliminated_at_round", pa.int32()),  # race: the round after which this cell was measured no more
     pa.field("target_rel", pa.float64()),  # repeats: auto — the difference its rounds aimed to resolve
     pa.field("injected_slowdown", pa.float64()),  # benchmarks only (DDPSWEEP_SLOWDOWN): planted fraction
+    pa.field("injected_corruption", pa.float64()),  # benchmarks only (DDPSWEEP_CORRUPT): buckets scaled by 1 + it
 ]
 
 # What the worker measured: exactly trainers.config.Measurement's fields, plus the trial's wall time.
@@ -94,6 +95,10 @@ MEASUREMENT = [
     pa.field("replicas_in_sync", pa.bool_()),
     pa.field("timing_used", pa.string()),  # how they were timed (events falls back to sync on CPU)
     pa.field("timing_note", pa.string()),  # why timing_used differs from timing, or what a loop row lacks
+    pa.field("grad_check", pa.string()),  # exact | approximate | failed | off; null: single mode, or older rows
+    pa.field("grad_rel_error", pa.float64()),  # DDP's gradient vs the fp64 reference: relative L2 error
+    pa.field("grad_tol", pa.float64()),  # the relative error fp32 reduction order explains (trainers.gradcheck)
+    pa.field("grad_check_ms", pa.float64()),  # the check's cost, after the timed steps
     pa.field("trial_wall_s", pa.float64()),  # this measurement on its worker group: setup to row, no group start
 ]
 

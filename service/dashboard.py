@@ -165,6 +165,8 @@ BEST_COLUMNS += ["min_resolvable_rel", "rounds_for_target"]
 NO_SYNC_COLUMNS = ["world_size", "gas", "bucket_cap_mb", "step_ms_sync", "step_ms_no_sync", "saved_ms"]
 NO_SYNC_COLUMNS += ["saved_ms_ci_lo", "saved_ms_ci_hi"]
 ERROR_COLUMNS = ["cell_id", "repeat", "mode", "bucket_cap_mb", "error"]
+CHECK_COLUMNS = ["world_size", "gas", "no_sync", "bucket_cap_mb", "comm_hook", "grad_check", "grad_rel_error"]
+CHECK_COLUMNS += ["grad_rel_error_min", "grad_rel_error_max", "grad_tol", "grad_checks", "grad_checks_failed"]
 
 
 def scaling_context(rows: pd.DataFrame, calibration: pd.DataFrame) -> dict:
@@ -222,6 +224,7 @@ def sweep_context(cache: CachedStore, rows: pd.DataFrame, cluster: str, sweep: s
     curve, the recommendation, scaling by topology, the no_sync gain, the calibration and the errors."""
     cells = analysis.with_baseline(rows)
     errors = rows[rows["status"] == "error"]
+    checks = analysis.gradient_checks(rows)
     cal = cache.calibration(cluster, sweep)
     gain = analysis.no_sync_gain(rows)
     charts = [
@@ -241,6 +244,8 @@ def sweep_context(cache: CachedStore, rows: pd.DataFrame, cluster: str, sweep: s
         "no_sync": None if gain.empty else table_context(gain, NO_SYNC_COLUMNS, "no_sync"),
         "calibration": None if cal.empty else calibration_chart(cal),
         "errors": None if errors.empty else table_context(errors, ERROR_COLUMNS, "errors"),
+        "checks": None if checks.empty else table_context(checks, CHECK_COLUMNS, "grad_check"),
+        "n_failed_checks": int((checks["grad_check"] == "failed").sum()),
     }
 
 

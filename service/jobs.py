@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 from results.store import Store, require_label
 from service.workdir import check_workdir
-from sweeps.options import SLOWDOWN_ENV
+from sweeps.options import PLANTED_ENVS
 from sweeps.spec import SpecError, SweepSpec, new_sweep_id
 from sweeps.specfile import parse_spec
 from trainers.errors import ConfigError, DDPSweepError
@@ -184,8 +184,12 @@ def submit(
     runtime_env = {
         "working_dir": str(PROJECT_ROOT),
         "excludes": EXCLUDES,
-        # SLOWDOWN_ENV empty: a job never inherits a benchmark's planted slowdown from the cluster's environment
-        "env_vars": {SPEC_ENV: spec_yaml, SLOWDOWN_ENV: "", **{k: str(v) for k, v in spec.env.items()}},
+        # PLANTED_ENVS empty: a job never inherits a benchmark's planted slowdown or corruption from the cluster
+        "env_vars": {
+            SPEC_ENV: spec_yaml,
+            **dict.fromkeys(PLANTED_ENVS, ""),
+            **{k: str(v) for k, v in spec.env.items()},
+        },
     }
     if shipped is not None:
         # The workload's code must reach the job and its workers: the user's folder becomes the working

@@ -39,7 +39,14 @@ def build_trainer(group: Group, opts: TrialOptions, outbox: Queue, inbox: Queue 
     env = dict(opts.env) | cell.env_vars  # the spec's env, then this group's env_grid combination
     return DataParallelTrainer(
         train_fn_per_worker,
-        train_loop_config={"group": group.to_dict(), "threads": threads, "outbox": outbox, "inbox": inbox, "env": env},
+        train_loop_config={
+            "group": group.to_dict(),
+            "threads": threads,
+            "outbox": outbox,
+            "inbox": inbox,
+            "env": env,
+            "grad_check": opts.grad_check,
+        },
         scaling_config=ScalingConfig(
             num_workers=cell.world_size,
             use_gpu=opts.use_gpu,

@@ -11,6 +11,10 @@ from sweeps.grid import Cell
 # Benchmarks only: "<cell_id>=<fraction>,…" in the driver's environment slows those cells' timed steps by that
 # fraction (sweeps.worker.injected_slowdown); specs cannot set it (their env takes NCCL_/GLOO_ names only).
 SLOWDOWN_ENV = "DDPSWEEP_SLOWDOWN"
+# Benchmarks only: "<cell_id>=<fraction>,…" scales those cells' all-reduced buckets by 1 + fraction on every rank
+# (trainers.hooks.corrupted): a wrong gradient with replicas in sync, which only the gradient check catches.
+CORRUPT_ENV = "DDPSWEEP_CORRUPT"
+PLANTED_ENVS = (SLOWDOWN_ENV, CORRUPT_ENV)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,6 +34,7 @@ class TrialOptions:
     env: dict
     storage_path: str
     sole_trial: bool  # max_concurrent_trials == 1: no other trial makes worker groups meanwhile (sweeps.leftover)
+    grad_check: bool = True  # every distributed cell checks its gradient after its timed steps (trainers.gradcheck)
 
 
 def worker_resources(opts: TrialOptions) -> dict[str, float]:

@@ -52,10 +52,12 @@ class Layout:
     ranks: dict[str, tuple[int, ...]] = field(default_factory=dict)  # cell id -> the ranks that measure it
     unplaced: dict[str, str] = field(default_factory=dict)  # cell id -> why no ranks can (an error row)
     groups: dict[tuple[int, ...], dist.ProcessGroup | None] = field(default_factory=dict)
+    checks: dict[tuple[int, ...], dist.ProcessGroup] = field(default_factory=dict)  # the gradient check's (gloo)
 
     @classmethod
-    def build(cls, group: Group, placement: list[dict]) -> Layout:
-        """Work out every cell's ranks and create the process groups (a collective: call on every rank)."""
+    def build(cls, group: Group, placement: list[dict], grad_check: bool = True) -> Layout:
+        """Work out every cell's ranks and create the process groups, and with `grad_check` each set of ranks'
+        gloo group for the gradient check (trainers.gradcheck) (a collective: call on every rank)."""
         layout = cls(world=len(placement))
         for slot in group.slots:
             try:
@@ -67,10 +69,15 @@ class Layout:
             ranks = layout.ranks[cell_id]
             if ranks not in layout.groups:
                 layout.groups[ranks] = None if ranks == everyone else dist.new_group(list(ranks))
+                if grad_check and len(ranks) > 1:
+                    layout.checks[ranks] = dist.new_group(list(ranks), backend="gloo")
         return layout
 
     def process_group(self, ranks: tuple[int, ...]) -> dist.ProcessGroup | None:
         return self.groups.get(ranks)
+
+    def check_group(self, ranks: tuple[int, ...]) -> dist.ProcessGroup | None:
+        return self.checks.get(ranks)
 
 
 def done_key(cell_id: str, repeat: int) -> str:

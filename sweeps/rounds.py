@@ -36,6 +36,8 @@ class RoundPlanner:
         self.eliminated_at: dict[str, int] = {} if before is None else dict(before.eliminated_at)
         self.alive -= set(self.eliminated_at)
         self.ok_rows: list[dict] = list(group.prior) if before is None else list(before.ok_rows)
+        for row in [r for r in self.ok_rows if r.get("grad_check") == "failed"]:
+            self._fail(row["cell_id"], row["round"])
         self.offset = len({r["round"] for r in group.prior})  # rounds a resumed sweep already measured
         self.held: list[dict] = []
         self.waiting: dict[int, set[Key]] = {}
@@ -60,7 +62,9 @@ class RoundPlanner:
         """A row arrived: (rows to report now, messages for the inbox)."""
         r = row["round"]
         self.waiting.get(r, set()).discard((row["cell_id"], row["repeat"]))
-        if row["status"] == "ok":
+        if row["status"] == "ok" and row.get("grad_check") == "failed":
+            self._fail(row["cell_id"], r)
+        elif row["status"] == "ok" and row["cell_id"] in self.alive:
             self.ok_rows.append(row)
         self.held.append(row)
         done = self.offset + self.order.index(r) + 1  # rounds complete once this one is, a resume's included
@@ -71,6 +75,12 @@ class RoundPlanner:
             return self._after_round(r)
         presend = done < self.rule.min_rounds and self.next_index < len(self.order)  # already sent
         return self._release(), [] if presend else [self._next(look=False)]
+
+    def _fail(self, cell_id: str, r: int) -> None:
+        """A cell whose gradient check failed: never a leader or a rival, measured no more after round r."""
+        self.alive.discard(cell_id)
+        self.eliminated_at.setdefault(cell_id, r)
+        self.ok_rows = [x for x in self.ok_rows if x["cell_id"] != cell_id]
 
     def _release(self) -> list[dict]:
         out, self.held = self.held, []

@@ -28,7 +28,7 @@ from results.racing import Rule
 from results.store import Store, require_label
 from sweeps import machine, preflight
 from sweeps.grid import Cell, Group, calibration_groups, expand, plan_groups
-from sweeps.options import SLOWDOWN_ENV, TrialOptions
+from sweeps.options import PLANTED_ENVS, TrialOptions
 from sweeps.rows import build_row, now
 from sweeps.session import ray_session
 from sweeps.spec import BF16_ON_CPU, SpecError, SweepSpec, new_sweep_id
@@ -290,16 +290,17 @@ def resolve_options(plan: SweepPlan, res: preflight.ClusterResources, storage_pa
         collective_timeout_s=spec.collective_timeout_s,
         cell_timeout_s=spec.cell_timeout_s,
         group_start_timeout_s=spec.group_start_timeout_s,
-        env={k: str(v) for k, v in spec.env.items()} | planted_slowdown(),
+        env={k: str(v) for k, v in spec.env.items()} | planted(),
         storage_path=storage_path,
         sole_trial=spec.max_concurrent_trials == 1,
+        grad_check=spec.grad_check,
     )
 
 
-def planted_slowdown() -> dict[str, str]:
-    """The driver's DDPSWEEP_SLOWDOWN, passed on to the workers (rows record it as `injected_slowdown`)."""
-    value = os.environ.get(SLOWDOWN_ENV)
-    return {SLOWDOWN_ENV: value} if value else {}
+def planted() -> dict[str, str]:
+    """The driver's DDPSWEEP_SLOWDOWN and DDPSWEEP_CORRUPT, passed on to the workers (rows record them as
+    `injected_slowdown` and `injected_corruption`)."""
+    return {name: os.environ[name] for name in PLANTED_ENVS if os.environ.get(name)}
 
 
 def check_local(plan: SweepPlan) -> None:

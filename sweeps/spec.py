@@ -133,6 +133,10 @@ class SweepSpec(_SpecKnobs):
     """`search: race` / `repeats: auto`: rounds before the first decision."""
     tolerance: float = 0.02
     """`search: race`: a cell is dropped only when shown slower than the leader by more than this fraction."""
+    grad_check: bool = True
+    """After each distributed cell's timed steps, check the gradient its DDP configuration produces against an
+    fp64 reference (rows: `grad_check` exact | approximate | failed, `grad_rel_error`, `grad_tol`); a failed
+    configuration is shown and left out of every answer. `false`: rows read `off`."""
     calibrate: bool = False
     """Start every multi-rank worker group with an all-reduce sweep over message sizes on its own ranks
     (and a parameter broadcast); rows go to the `calibration` table."""
@@ -291,6 +295,7 @@ def _validate(spec: SweepSpec) -> None:
     check_choice("placement", spec.placement, PLACEMENTS)
     check_choice("isolation", spec.isolation, ISOLATIONS)
     check_scalar("calibrate", spec.calibrate, "bool")
+    check_scalar("grad_check", spec.grad_check, "bool")
     if spec.use_gpu != "auto" and not isinstance(spec.use_gpu, bool):
         raise fail("use_gpu", spec.use_gpu, "auto, true or false")
     if spec.workload is None and spec.seq_len > PRESETS[spec.model].block_size:

@@ -45,6 +45,8 @@ def progress_line(row: dict, done: int, total: int) -> str:
         tokens = row.get("tokens_per_s")  # None for a workload without tokens_per_sample: samples/s then
         rate = f"{tokens / 1e3:8.1f} ktok/s" if tokens is not None else f"{row['samples_per_s']:8.1f} samples/s"
         result = f"{row['step_ms']:8.2f} ms  {rate}  ok"
+        if row.get("grad_check") == "failed":
+            result += f"  gradient check FAILED: error {row['grad_rel_error']:.1e} > {row['grad_tol']:.1e}"
     else:
         result = f"ERROR {row['error'].splitlines()[0][:160] if row['error'] else ''}"
     return f"[{done}/{total}] {row['cell_id']} {what} {result}"
@@ -130,7 +132,7 @@ def _decision_lines(rows: pd.DataFrame) -> list[str]:
     out = []
     if "search" in ok and (ok["search"] == "race").any():
         race = ok[ok["search"] == "race"]
-        dropped = race.dropna(subset=["eliminated_at_round"]).drop_duplicates("cell_id")
+        dropped = race[~analysis.failed_check(race)].dropna(subset=["eliminated_at_round"]).drop_duplicates("cell_id")
         names = ", ".join(f"{_cell(r)} after round {int(r.eliminated_at_round) + 1}" for r in dropped.itertuples())
         out.append(
             f"race: {len(dropped)} of {race['cell_id'].nunique()} cell(s) dropped as slower than their curve's "
@@ -172,6 +174,7 @@ def _flag_lines(rows: pd.DataFrame) -> list[str]:
             f"drift: {int(drifted.sum())} measurement(s) in {len(rounds)} round(s) whose control moved "
             f"beyond its noise (kept: comparisons within a group are round-blocked): {rounds}"
         )
+    out += _check_lines(rows)
     slowed = analysis.planted(rows)
     if slowed.any():
         out.append(f"planted: {int(slowed.sum())} measurement(s) slowed on purpose (DDPSWEEP_SLOWDOWN) left out")
@@ -181,6 +184,24 @@ def _flag_lines(rows: pd.DataFrame) -> list[str]:
     if noisy.any():
         names = ", ".join(f"{r.cell_id} r{r.repeat}" for r in rows[noisy].itertuples())
         out.append(f"warning: {int(noisy.sum())} measurement(s) with a CV far above their group's: {names}")
+    return out
+
+
+def _check_lines(rows: pd.DataFrame) -> list[str]:
+    """The gradient check: each configuration that failed it (left out of every figure above, with its error),
+    and the error of each compressing configuration."""
+    out = []
+    for r in analysis.failed_configurations(rows).itertuples():
+        out.append(
+            f"gradient check FAILED: {_cell(r)} in {r.failed} of {r.measured} measurement(s), error "
+            f"{r.grad_rel_error:.2e} > tolerance {r.grad_tol:.2e}: its sum is wrong (left out above)"
+        )
+    cells = analysis.ok_cells(rows)
+    for r in cells[cells["grad_check"] == "approximate"].itertuples():
+        out.append(
+            f"gradient check approximate: {_cell(r)}: error {r.grad_rel_error:.1e} "
+            f"[{r.grad_rel_error_min:.1e}, {r.grad_rel_error_max:.1e}] over {r.grad_checks} check(s)"
+        )
     return out
 
 

@@ -27,12 +27,13 @@ import torch.distributed as dist
 
 from sweeps import fingerprint
 from sweeps.grid import Group, Slot
-from sweeps.options import SLOWDOWN_ENV
+from sweeps.options import CORRUPT_ENV, SLOWDOWN_ENV
 from sweeps.ranks import Layout, announce, wait_for
 from trainers.collectives import allreduce_sweep, broadcast_time, sizes_up_to
+from trainers.gradcheck import world_check_group
 from trainers.model import grad_bytes
 from trainers.stats import median_rel_half_width
-from trainers.step import build_model, release, run_cell
+from trainers.step import Extras, build_model, release, run_cell
 
 
 def _placement() -> list[dict]:
@@ -91,21 +92,24 @@ def _agreed_error(mine: str | None, group: dist.ProcessGroup | None = None) -> s
     return next((f"rank {r}: {e}" for r, e in enumerate(every) if e), None)
 
 
-def injected_slowdown(cell_id: str) -> float:
-    """This cell's planted slowdown (SLOWDOWN_ENV, passed on by the driver: sweeps.runner.planted_slowdown)."""
-    entries = (e.split("=", 1) for e in os.environ.get(SLOWDOWN_ENV, "").split(",") if "=" in e)
+def injected(name: str, cell_id: str) -> float:
+    """This cell's planted fraction from the variable `name` (SLOWDOWN_ENV or CORRUPT_ENV, passed on by the
+    driver: sweeps.runner.planted)."""
+    entries = (e.split("=", 1) for e in os.environ.get(name, "").split(",") if "=" in e)
     return next((float(f) for c, f in entries if c.strip() == cell_id), 0.0)
 
 
 def _measure(
-    slot: Slot, device: torch.device, threads: int, template, group: dist.ProcessGroup | None = None
+    w: Worker, slot: Slot, group: dist.ProcessGroup | None, check_group: dist.ProcessGroup | None
 ) -> tuple[dict | None, str | None]:
-    """One cell on this rank, one of `group`'s. An exception becomes this rank's error; the group's ranks then
-    agree on the outcome."""
-    slowdown = injected_slowdown(slot.cell.cell_id)
+    """One cell on this rank, one of `group`'s (`check_group`: the gradient check's gloo group over the same
+    ranks). An exception becomes this rank's error; the group's ranks then agree on the outcome."""
+    cell_id, device = slot.cell.cell_id, w.device
+    slowdown, corruption = injected(SLOWDOWN_ENV, cell_id), injected(CORRUPT_ENV, cell_id)
+    extras = Extras(w.grad_check, check_group, slowdown, corruption)
     try:
-        _injected_fault(slot.cell.cell_id)
-        measurement = run_cell(slot.cell.step, device, threads, template, slowdown, group)
+        _injected_fault(cell_id)
+        measurement = run_cell(slot.cell.step, device, w.threads, w.template, group, extras)
         error = None
     except Exception as e:  # noqa: BLE001 — reported as the cell's error row; the group goes on
         measurement, error = None, f"{type(e).__name__}: {e}"
@@ -113,6 +117,7 @@ def _measure(
     if slot.cell.step.mode != "single":
         error = _agreed_error(error, group)
     planted = {"injected_slowdown": slowdown} if slowdown else {}
+    planted |= {"injected_corruption": corruption} if corruption else {}
     return (measurement.to_dict() | planted if measurement else None), error
 
 
@@ -123,7 +128,7 @@ def _unrecorded(group: Group, timed_steps: int, device: torch.device, threads: i
     step = replace(first, warmup_steps=warm, timed_steps=timed_steps, target_rel_ci=None, timing="sync")
     m = None
     with contextlib.suppress(Exception):
-        m = run_cell(step, device, threads, template)
+        m = run_cell(step, device, threads, template, extras=Extras(grad_check=False))
     release(device)
     return m
 
@@ -173,6 +178,8 @@ class Worker:
     layout: Layout | None  # isolation: sweep — each cell's ranks and process group
     outbox: object | None  # rank 0 only: the trial's queue
     info: dict  # rank 0: the fingerprint and the host's placement
+    grad_check: bool = True  # check every distributed cell's gradient (trainers.gradcheck)
+    world_check: dist.ProcessGroup | None = None  # the check's gloo group over every rank (no layout)
 
 
 def train_fn_per_worker(config: dict) -> None:
@@ -182,14 +189,17 @@ def train_fn_per_worker(config: dict) -> None:
     device = ray.train.torch.get_device()
     rank0 = ray.train.get_context().get_world_rank() == 0
     placement = _placement()
-    layout = Layout.build(group, placement) if group.isolation == "sweep" else None
+    grad_check = config.get("grad_check", True)
+    layout = Layout.build(group, placement, grad_check) if group.isolation == "sweep" else None
+    world_check = world_check_group() if grad_check and layout is None and len(placement) > 1 else None
     marks["process_groups"] = time.time()
     marks["placement_group"] = min(p["process_started"] for p in placement)  # the first worker process
     given = config.get("env", {})  # the variables the spec gave this group, as it gave them
     info = {"fingerprint": fingerprint.collect(device, given)} | placement_info(placement) if rank0 else {}
     template = build_model(group.first.step, device)  # built once; every cell starts from a copy of it
     marks["model"] = time.time()
-    w = Worker(group, device, threads, template, placement, layout, config["outbox"] if rank0 else None, info)
+    outbox = config["outbox"] if rank0 else None
+    w = Worker(group, device, threads, template, placement, layout, outbox, info, grad_check, world_check)
     _warm_up_group(group, device, threads, template)
     marks["warm_up"] = time.time()
     if group.calibrate:
@@ -246,7 +256,8 @@ def _measure_slot(w: Worker, slot: Slot, extra: dict) -> None:
         measurement, error = None, f"not measured: {why_not}"
     else:
         group = w.layout.process_group(ranks) if w.layout else None
-        measurement, error = _measure(slot, w.device, w.threads, w.template, group)
+        check_group = w.layout.check_group(ranks) if w.layout else w.world_check
+        measurement, error = _measure(w, slot, group, check_group)
     if w.outbox is not None:
         done = {"key": [cell_id, repeat], "started_at": started, "wall_s": time.perf_counter() - t0}
         own = _own_placement(w, ranks)

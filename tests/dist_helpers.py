@@ -32,11 +32,11 @@ class RankFailed(RuntimeError):
     """A rank raised (the message carries its traceback) or the world did not answer in time."""
 
 
-def _call(rank: int, world_size: int, fn: Callable, workdir: str, args: tuple) -> None:
+def _call(rank: int, world_size: int, fn: Callable, workdir: str, args: tuple, call: int) -> None:
     torch.seed()  # a random seed, as a fresh process has (what an earlier call drew is no state of this one)
     torch.set_num_threads(1)
     timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
-    store = f"file://{workdir}/store"
+    store = f"file://{workdir}/store-{call}"  # a new file per call: no key of an earlier world is read
     dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world_size, timeout=timeout)
     try:
         out = fn(rank, *args)
@@ -67,6 +67,7 @@ class _World:
     def __init__(self, world_size: int) -> None:
         ctx = mp.get_context("spawn")
         self.world_size = world_size
+        self.calls = 0
         self.inboxes = [ctx.Queue() for _ in range(world_size)]
         self.outbox = ctx.Queue()
         self.procs = [
@@ -77,8 +78,9 @@ class _World:
             p.start()
 
     def run(self, fn: Callable, workdir: Path, args: tuple) -> None:
+        self.calls += 1
         for inbox in self.inboxes:
-            inbox.put((fn, str(workdir), args))
+            inbox.put((fn, str(workdir), args, self.calls))
         failures = []
         for _ in range(self.world_size):
             try:

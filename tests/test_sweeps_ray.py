@@ -190,13 +190,29 @@ def test_cell_isolation_runs_one_worker_group_per_measurement(fault_file, tmp_pa
     assert all(r["replicas_in_sync"] and r["step_ms"] > 0 for r in outcome.rows)
 
 
-def test_hooks_and_an_env_grid_run_on_ray_one_group_per_environment(fault_file, tmp_path):
+def test_hooks_and_an_env_grid_run_on_ray_one_group_per_environment(fault_file, tmp_path, monkeypatch):
+    """With a planted corruption (DDPSWEEP_CORRUPT) on one exact cell: its replicas stay in sync, its gradient
+    check fails, and recommend leaves it out and says why."""
+    from results.recommend import recommend
+    from sweeps.options import CORRUPT_ENV
+
     fault_file.write_text("")
     text = spec_text(buckets="[0.25]").replace("warmup_steps: 1", "warmup_steps: 2")
     text += "comm_hook: [none, powersgd]\ntrace_comm: true\nenv_grid: {TORCH_DISTRIBUTED_DEBUG: ['OFF', INFO]}\n"
-    outcome = execute(plan_sweep(parse_spec(text), results=str(tmp_path)))
+    spec = parse_spec(text)
+    bad = next(c for c in expand(spec) if c.step.comm_hook == "none" and "INFO" in c.env and c.step.mode == "ddp")
+    monkeypatch.setenv(CORRUPT_ENV, f"{bad.cell_id}=1e-4")
+    outcome = execute(plan_sweep(spec, results=str(tmp_path)))
     ddp = [r for r in outcome.rows if r["mode"] == "ddp"]
     assert len(ddp) == 4 and all(r["status"] == "ok" and r["replicas_in_sync"] for r in ddp), ddp
+    verdicts = {(r["comm_hook"], r["cell_id"] == bad.cell_id): r["grad_check"] for r in ddp}
+    assert verdicts == {("none", False): "exact", ("none", True): "failed", ("powersgd", False): "approximate"}
+    corrupt = next(r for r in ddp if r["cell_id"] == bad.cell_id)
+    assert corrupt["injected_corruption"] == 1e-4 and corrupt["grad_rel_error"] > 100 * corrupt["grad_tol"]
+    (rec,) = recommend(load(str(tmp_path)))
+    assert [json.loads(c["env_grid"]) for c in rec["excluded"]] == [{"TORCH_DISTRIBUTED_DEBUG": "INFO"}]
+    assert "failed the gradient check in 1 of 1" in rec["excluded"][0]["reason"]
+    assert all(c["env_grid"] != bad.env or c["comm_hook"] != "none" for c in rec["indistinguishable"])
     assert len({r["group_id"] for r in ddp}) == 2  # one worker group per environment, hooks share it
     for r in ddp:
         grid = json.loads(r["env_grid"])

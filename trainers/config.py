@@ -153,6 +153,10 @@ class Measurement:
     replicas_in_sync: bool = True
     timing_used: str = "sync"  # how the steps were timed: sync | events | loop (events falls back to sync on CPU)
     timing_note: str | None = None  # why timing_used differs from the cell's timing, or what a loop row lacks
+    grad_check: str | None = None  # exact | approximate | failed | off (trainers.gradcheck); None: single mode
+    grad_rel_error: float | None = None  # relative L2 error of DDP's gradient against the fp64 reference
+    grad_tol: float | None = None  # the relative error fp32 reduction order explains (exact within it)
+    grad_check_ms: float | None = None  # the check's cost: two passes and one fp64 reduction, after the timed steps
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -55,3 +55,15 @@ def bucket_by_bucket(hook: HookFn) -> HookFn:
         return fut
 
     return ordered
+
+
+def corrupted(hook: HookFn | None, factor: float) -> HookFn:
+    """Benchmarks only (DDPSWEEP_CORRUPT): `hook` (None: DDP's all-reduce), with every all-reduced bucket then
+    scaled by 1 + factor on every rank: replicas stay bit-identical and the gradient is wrong, which only the
+    gradient check (trainers.gradcheck) can see."""
+    inner = hook if hook is not None else default_hooks.allreduce_hook
+
+    def perturbed(state, bucket):
+        return inner(state, bucket).then(lambda fut: fut.value().mul_(1 + factor))
+
+    return perturbed

@@ -18,6 +18,7 @@ from typing import Any
 
 MODES = ("single", "ddp", "naive")
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
+LOSSY_HOOKS = ("fp16", "bf16", "powersgd")  # hooks that compress: their gradient is approximate by design
 TIMINGS = ("sync", "events", "loop")
 BACKENDS = ("auto", "nccl", "gloo")
 

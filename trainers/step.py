@@ -21,9 +21,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainers import hooks, workload
+from trainers import gradcheck, hooks, workload
 from trainers.commtrace import CommTrace, counting_all_reduce, summarize_trace, traced_hook
 from trainers.config import Measurement, StepConfig
+from trainers.gradcheck import OFF, GradCheck
 from trainers.knobs import STEP_KNOBS
 from trainers.model import grad_bytes, n_params
 from trainers.stats import median_rel_half_width, summarize
@@ -66,8 +67,22 @@ def build_model(cfg: StepConfig, device: torch.device) -> Built:
     return workload.build(cfg, device)
 
 
+@dataclass(frozen=True)
+class Extras:
+    """What a cell's run does beside its configuration (none of it is part of the configuration)."""
+
+    grad_check: bool = True  # check the gradient after the timed steps (trainers.gradcheck)
+    check_group: dist.ProcessGroup | None = None  # the check's gloo group over the cell's ranks (None: the world's)
+    slowdown: float = 0.0  # benchmarks only: each timed step made this fraction slower (trainers.timing.slowed)
+    corruption: float = 0.0  # benchmarks only: all-reduced buckets scaled by 1 + this (trainers.hooks.corrupted)
+
+
 def setup_replica(
-    cfg: StepConfig, device: torch.device, template: Built | None = None, group: dist.ProcessGroup | None = None
+    cfg: StepConfig,
+    device: torch.device,
+    template: Built | None = None,
+    group: dist.ProcessGroup | None = None,
+    corruption: float = 0.0,
 ) -> Replica:
     """A fresh replica: `template`'s weights copied (or a seeded build), a new optimizer and wrapper, on the
     ranks of `group` (None: the whole world; its rank 0 must be the world's rank 0)."""
@@ -77,7 +92,7 @@ def setup_replica(
     module: nn.Module = model
     trace = None
     if cfg.mode == "ddp":
-        module, trace = wrap_ddp(model, cfg, device, world, group)
+        module, trace = wrap_ddp(model, cfg, device, world, group, corruption)
     elif cfg.mode == "naive":
         for p in model.parameters():  # start from rank 0's weights, as DDP does
             dist.broadcast(p.data, src=0, group=group)
@@ -99,10 +114,16 @@ def setup_replica(
 
 
 def wrap_ddp(
-    model: nn.Module, cfg: StepConfig, device: torch.device, world: int, group: dist.ProcessGroup | None = None
+    model: nn.Module,
+    cfg: StepConfig,
+    device: torch.device,
+    world: int,
+    group: dist.ProcessGroup | None = None,
+    corruption: float = 0.0,
 ) -> tuple[DDP, CommTrace | None]:
-    """DDP over `group` with the cell's DDP keywords (ddp_kwargs) and communication hook;
-    with trace_comm, the hook runs inside the trace (which records its collectives and bytes)."""
+    """DDP over `group` with the cell's DDP keywords (ddp_kwargs) and communication hook (`corruption`,
+    benchmarks only: its result perturbed); with trace_comm, the hook runs inside the trace (which records its
+    collectives and bytes)."""
     module = DDP(
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
@@ -110,6 +131,9 @@ def wrap_ddp(
         **ddp_kwargs(cfg),
     )
     hook, state = hooks.comm_hook(cfg, group)
+    if corruption:
+        state = state if hook is not None else group  # DDP's own all-reduce takes the process group
+        hook = hooks.corrupted(hook, corruption)
     if cfg.trace_comm:
         trace = CommTrace(world_size=world, cuda=device.type == "cuda", inner=hook, inner_state=state, group=group)
         module.register_comm_hook(trace, traced_hook)
@@ -148,14 +172,18 @@ def _naive_all_reduce(rep: Replica) -> None:
             p.grad.div_(rep.world_size)
 
 
+def autocast(device: torch.device):
+    """The step's autocast: bf16 on CUDA, none on CPU."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+
+
 def forward_backward(rep: Replica) -> None:
     """The gas micro-steps of one optimizer step: loss / gas, no_sync on the first gas-1."""
     cfg = rep.cfg
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if rep.device.type == "cuda" else nullcontext()
     for micro in range(cfg.gas):
         skip_sync = cfg.no_sync and micro < cfg.gas - 1
         ctx = rep.module.no_sync() if skip_sync and cfg.mode == "ddp" else nullcontext()
-        with ctx, autocast:
+        with ctx, autocast(rep.device):
             loss = rep.workload.loss(rep.module, rep.batches[micro])
         (loss / cfg.gas).backward()
         if cfg.mode == "naive" and not skip_sync:
@@ -247,18 +275,17 @@ def run_cell(
     device: torch.device,
     num_threads: int,
     template: Built | None = None,
-    slowdown: float = 0.0,
     group: dist.ProcessGroup | None = None,
+    extras: Extras = Extras(),
 ) -> Measurement | None:
-    """Set up, warm up, time `timed_steps` steps, check replicas, on the ranks of `group` (None: every rank).
-    Returns the measurement on the group's rank 0, else None. `slowdown` (benchmarks only, see `slowed`):
-    each timed step made that fraction slower."""
+    """Set up, warm up, time the steps, check replicas and the gradient, on the ranks of `group` (None: every
+    rank). Returns the measurement on the group's rank 0, else None."""
     if device.type == "cpu":
         torch.set_num_threads(num_threads)
     window = reset_peak_memory(device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     t0 = time.perf_counter()
-    rep = setup_replica(cfg, device, template, group)
+    rep = setup_replica(cfg, device, template, group, extras.corruption)
     sync()
     setup_ms = (time.perf_counter() - t0) * 1e3
     t0 = time.perf_counter()
@@ -268,16 +295,51 @@ def run_cell(
     warmup_ms = (time.perf_counter() - t0) * 1e3
     if distributed(cfg):
         dist.barrier(group=group)
-    times, converged, steps = timed_phase(cfg, rep, device, sync, slowdown)
-    in_sync, peak = True, peak_memory_bytes(device, window)
+    times, converged, steps = timed_phase(cfg, rep, device, sync, extras.slowdown)
+    traced = summarize_trace(rep.trace) if rep.trace else {}
+    in_sync, peak, checked = True, peak_memory_bytes(device, window), GradCheck(OFF)
     if distributed(cfg):
         peak = None if peak is None else int(gather_max([float(peak)], device, group)[0])
         in_sync = replicas_in_sync(rep.model, device, group)
+        if extras.grad_check:
+            checked = check_gradient(rep, extras.check_group, sync)
         if dist.get_rank(group) != 0:
             return None
     m = _measurement(cfg, rep, device, times, peak, in_sync, num_threads, (setup_ms, warmup_ms))
-    traced = summarize_trace(rep.trace) if rep.trace else {}
-    return replace(m, timed_steps_run=steps, converged=converged, **traced)
+    numerics = checked.to_dict() if distributed(cfg) else {}
+    return replace(m, timed_steps_run=steps, converged=converged, **traced, **numerics)
+
+
+def check_batches(rep: Replica) -> list[tuple[torch.Tensor, ...]]:
+    """The rank's fixed check batches, one per micro-step: data no timed step used."""
+    rank, cfg = dist.get_rank(rep.group), rep.cfg
+    gens = (workload.generator(cfg.seed, rank, gradcheck.CHECK_MICRO + m) for m in range(cfg.gas))
+    return [tuple(t.to(rep.device) for t in rep.workload.make_batch(cfg.micro_batch, g)) for g in gens]
+
+
+def check_gradient(rep: Replica, check_group: dist.ProcessGroup | None, sync: Hook) -> GradCheck:
+    """The gradient check (trainers.gradcheck): the reference on a copy of the model and an fp64 all-reduce over
+    `check_group` (None: the world's own check group), then the cell's DDP on the same check batches. Collective:
+    every rank of the cell calls it; every rank gets the same verdict."""
+    t0 = time.perf_counter()
+    if check_group is None and rep.world_size > 1:
+        if rep.group is not None:
+            raise ValueError("a cell on a subgroup needs its gradient check's own group (Extras.check_group)")
+        check_group = gradcheck.world_check_group()
+    batches = check_batches(rep)
+    total, magnitude = gradcheck.local_reference(
+        copy.deepcopy(rep.model), rep.workload.loss, batches, lambda: autocast(rep.device)
+    )
+    reference, magnitude = gradcheck.reduce_reference(total, magnitude, check_group, rep.world_size)
+    forward_backward(replace(rep, batches=batches))
+    params = list(rep.model.parameters())
+    produced = gradcheck.flat((p.grad for p in params), [p.numel() for p in params], rep.device)
+    rep.opt.zero_grad(set_to_none=True)
+    error = gradcheck.compare(produced, reference)
+    tol = gradcheck.tolerance(rep.world_size, rep.cfg.gas, magnitude, float(reference.norm()))
+    sync()
+    ms = (time.perf_counter() - t0) * 1e3
+    return GradCheck(gradcheck.verdict(rep.cfg.comm_hook, error, tol), error, tol, ms)
 
 
 def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Callable[[], None], slowdown: float = 0.0):

@@ -1,0 +1,211 @@
+"""The gradient check (trainers.gradcheck), tier by tier: its fp32 bound holds for every order of the sum; on real
+gloo worlds DDP is exact within it across bucket layouts, compressing hooks are approximate with their error, a
+planted corruption fails while replicas stay in sync, and the reference does not depend on the hook; a failed
+configuration is left out of every view that picks a best."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.distributed as dist
+
+from results import analysis, racing, recommend
+from sweeps.summary import summary_text
+from tests.dist_helpers import run_world
+from tests.test_identity import base
+from tests.test_racing import planner_for, round_rows, spec
+from tests.test_trainer_dist import BASE, CPU, RECSYS
+from trainers import gradcheck
+from trainers.step import Extras, autocast, check_batches, run_cell, setup_replica
+
+
+def fp32_ddp_sum(terms: np.ndarray, rng: np.random.Generator, no_sync: bool) -> np.ndarray:
+    """What DDP computes from terms[r, m] (W ranks, G micro-steps) in fp32, in a random order at every level:
+    no_sync accumulates each rank's micro-steps, then divides by W and sums over the ranks; syncing every
+    micro-step adds each micro-step to the running average, then divides and sums again."""
+    w, g = terms.shape[:2]
+    f32 = np.float32
+
+    def ranks_sum(parts: list[np.ndarray]) -> np.ndarray:  # the all-reduce: W-1 additions in any order
+        total = np.zeros_like(parts[0])
+        for r in rng.permutation(len(parts)):
+            total = (total + parts[r]).astype(f32)
+        return total
+
+    if no_sync:
+        local = []
+        for r in range(w):
+            acc = np.zeros_like(terms[0, 0])
+            for m in rng.permutation(g):
+                acc = (acc + terms[r, m]).astype(f32)
+            local.append((acc / f32(w)).astype(f32))
+        return ranks_sum(local)
+    avg = np.zeros_like(terms[0, 0])
+    for m in range(g):
+        avg = ranks_sum([((avg + terms[r, m]).astype(f32) / f32(w)).astype(f32) for r in range(w)])
+    return avg
+
+
+@pytest.mark.parametrize("world", [2, 3, 5, 8])
+@pytest.mark.parametrize("gas", [1, 4])
+@pytest.mark.parametrize("no_sync", [False, True])
+def test_the_tolerance_holds_for_every_order_of_the_fp32_sum(world, gas, no_sync):
+    """Terms of mixed sign and magnitudes over 6 decades (cancellation is where fp32 loses most), summed in 20
+    random orders: the relative L2 error never exceeds the bound, and a perturbation of 1e-4 always does."""
+    rng = np.random.default_rng(world * 10 + gas)
+    worst = 0.0
+    for _ in range(20):
+        scale = 10.0 ** rng.uniform(-3, 3, size=(1, 1, 4096))
+        terms = (rng.standard_normal((world, gas, 4096)) * scale).astype(np.float32)
+        exact = terms.astype(np.float64).sum(axis=(0, 1)) / world
+        got = fp32_ddp_sum(terms, rng, no_sync).astype(np.float64)
+        magnitude = sum(np.linalg.norm(np.abs(terms[r].astype(np.float64)).sum(axis=0)) for r in range(world)) / world
+        tol = gradcheck.tolerance(world, gas, magnitude, float(np.linalg.norm(exact)))
+        err = float(np.linalg.norm(got - exact) / np.linalg.norm(exact))
+        assert 0 < err <= tol, (err, tol)
+        assert float(np.linalg.norm(got * (1 + 1e-4) - exact) / np.linalg.norm(exact)) > tol
+        worst = max(worst, err / tol)
+    assert worst > 1e-3  # the bound is not vacuous: within three decades of what fp32 really does
+
+
+def test_a_compressing_hook_is_approximate_and_an_exact_one_fails_only_outside_the_tolerance():
+    assert gradcheck.verdict("fp16", 1e-9, 1e-6) == "approximate"
+    assert gradcheck.verdict("powersgd", 0.8, 1e-6) == "approximate"
+    assert gradcheck.verdict("none", 1e-6, 1e-6) == "exact"
+    assert gradcheck.verdict("none", 1.01e-6, 1e-6) == "failed"
+    assert gradcheck.roundings(2, 1) == 3 and gradcheck.tolerance(2, 1, 1.0, 0.0) == 0.0
+
+
+def checked(rank: int, cfgs: list, corruption: float = 0.0, grad_check: bool = True):
+    return [run_cell(c, CPU, 1, extras=Extras(grad_check=grad_check, corruption=corruption)) for c in cfgs]
+
+
+LAYOUTS = {
+    "many-buckets": dict(bucket_cap_mb=0.001),
+    "one-bucket": dict(bucket_cap_mb=25.0),
+    "first-bucket": dict(first_bucket_mb=0.01, bucket_cap_mb=0.25),
+    "copy-not-view": dict(bucket_cap_mb=0.05, gradient_as_bucket_view=False),
+    "sync-every-micro-step": dict(bucket_cap_mb=0.05, gas=3),
+    "no_sync": dict(bucket_cap_mb=0.05, gas=3, no_sync=True),
+    "static-graph": dict(bucket_cap_mb=0.05, static_graph=True),
+    "naive": dict(mode="naive", gas=2),
+}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ddp_is_exact_within_the_tolerance_across_bucket_layouts_and_sync_patterns(tmp_path, world):
+    """Bucket layouts, the first bucket, bucket views, gas and no_sync reorder the fp32 sum; 3 ranks make DDP's
+    division by W inexact. Every one stays within the bound, which is also tight enough to matter (< 1e-5)."""
+    cfgs = [dataclasses.replace(BASE, timed_steps=2, **kw) for kw in LAYOUTS.values()]
+    cfgs.append(dataclasses.replace(RECSYS, bucket_cap_mb=0.001, timed_steps=2))
+    out = run_world(checked, world, tmp_path, cfgs)
+    for name, m in zip([*LAYOUTS, "recsys"], out[0], strict=True):
+        assert m.grad_check == "exact", (name, m.grad_rel_error, m.grad_tol)
+        assert 0 < m.grad_rel_error <= m.grad_tol < 1e-5, name
+        assert m.grad_check_ms > 0 and m.replicas_in_sync
+    assert out[1] == [None] * len(cfgs)  # rank 0 reports; every rank took part in the check
+
+
+def test_hooks_are_approximate_with_their_error_and_a_planted_corruption_fails_with_replicas_in_sync(tmp_path):
+    hooks = [
+        dataclasses.replace(BASE, comm_hook="fp16", bucket_cap_mb=0.25),
+        dataclasses.replace(BASE, comm_hook="powersgd", powersgd_rank=1, bucket_cap_mb=0.25, warmup_steps=2),
+    ]
+    fp16, psgd = run_world(checked, 2, tmp_path / "hooks", hooks)[0]
+    assert (fp16.grad_check, psgd.grad_check) == ("approximate", "approximate")
+    assert 1e-5 < fp16.grad_rel_error < 1e-2 and psgd.grad_rel_error > 10 * fp16.grad_rel_error
+    exact = [dataclasses.replace(BASE, bucket_cap_mb=0.25), dataclasses.replace(BASE, gas=2, no_sync=True)]
+    for m in run_world(checked, 2, tmp_path / "corrupt", exact, 1e-4)[0]:
+        assert m.replicas_in_sync  # every rank got the same wrong sum
+        assert m.grad_check == "failed" and m.grad_rel_error > 50 * m.grad_tol
+    (off,) = run_world(checked, 2, tmp_path / "off", exact[:1], 0.0, False)[0]
+    assert (off.grad_check, off.grad_rel_error, off.grad_check_ms) == ("off", None, None)
+
+
+def references(rank: int, cfgs: list, corruption: float) -> list[torch.Tensor]:
+    """The check's reference for each configuration, on replicas set up with its hook (and a corruption)."""
+    group = gradcheck.world_check_group()
+    out = []
+    for cfg in cfgs:
+        rep = setup_replica(cfg, CPU, corruption=corruption)
+        total, magnitude = gradcheck.local_reference(
+            rep.model, rep.workload.loss, check_batches(rep), lambda: autocast(CPU)
+        )
+        out.append(gradcheck.reduce_reference(total, magnitude, group, dist.get_world_size())[0])
+    return out
+
+
+def test_the_reference_is_unaffected_by_the_hook_the_buckets_and_a_corruption(tmp_path):
+    cfgs = [
+        dataclasses.replace(BASE, bucket_cap_mb=25.0),
+        dataclasses.replace(BASE, bucket_cap_mb=0.001),
+        dataclasses.replace(BASE, comm_hook="fp16", bucket_cap_mb=0.25),
+        dataclasses.replace(BASE, comm_hook="powersgd", bucket_cap_mb=0.25, warmup_steps=2),
+    ]
+    refs = run_world(references, 2, tmp_path, cfgs, 1e-3)[0]
+    assert all(torch.equal(r, refs[0]) for r in refs[1:])  # bit for bit
+    assert float(refs[0].norm()) > 0
+
+
+def curve_with_a_failed_bucket() -> pd.DataFrame:
+    """Three buckets of one curve, 4 rounds; the fastest (0.25 MB) failed its gradient check in one round."""
+    rows = []
+    for rep in range(4):
+        for bucket, ms in ((0.25, 80.0), (1.0, 100.0), (25.0, 120.0)):
+            r = base("a", rep, ms) | {"cell_id": f"b{bucket}", "bucket_cap_mb": bucket}
+            rows.append(r | {"grad_check": "exact", "grad_rel_error": 3e-8, "grad_tol": 2.5e-7})
+    frame = pd.DataFrame(rows)
+    bad = (frame["bucket_cap_mb"] == 0.25) & (frame["round"] == 2)
+    frame.loc[bad, ["grad_check", "grad_rel_error"]] = ["failed", 1e-4]
+    return frame
+
+
+def test_a_failed_configuration_is_left_out_of_every_view_that_picks_a_best():
+    rows = curve_with_a_failed_bucket()
+    assert 0.25 not in set(analysis.ok_cells(rows)["bucket_cap_mb"])  # all 4 rounds, not only the failed one
+    (curve,) = analysis.u_curve(rows).to_dict("records")
+    assert curve["best_bucket_cap_mb"] == 1.0 and 0.25 not in curve["indistinguishable_buckets_mb"]
+    (rec,) = recommend.recommend(rows)
+    assert rec["best"]["bucket_cap_mb"] == 1.0
+    assert all(c["bucket_cap_mb"] != 0.25 for c in rec["indistinguishable"])
+    (left,) = rec["excluded"]
+    assert left["bucket_cap_mb"] == 0.25 and "1 of 4 measurement(s): error 1.00e-04" in left["reason"]
+    assert "left out: bucket_cap_mb=0.25" in recommend.to_text([rec])
+    checks = analysis.gradient_checks(rows)
+    assert list(checks["grad_check"]) == ["failed", "exact", "exact"]
+    summary = summary_text(rows)
+    assert "gradient check FAILED" in summary and "0.25MB:" not in summary
+
+
+def test_a_race_never_leads_with_a_failed_cell_and_measures_it_no_more():
+    p = planner_for(spec(repeats=5, search="race", min_rounds=2, tolerance=0.02))
+    fastest, *others = sorted(p.alive)
+    rng = np.random.default_rng(0)
+    factors = {fastest: -0.3} | dict.fromkeys(others, 0.0)
+    for r in range(len(p.first_rounds())):
+        for row in round_rows(rng, factors, range(r, r + 1), 0.01):
+            failed = row["cell_id"] == fastest and r == 0
+            p.on_row(row | {"grad_check": "failed" if failed else "exact"})
+    assert fastest not in p.alive and p.eliminated_at[fastest] == 0
+    assert all(x["cell_id"] != fastest for x in p.ok_rows)
+    leaders = {cell for cell, _, _ in racing.versus_leader(pd.DataFrame(p.ok_rows), 200, 0)}
+    assert fastest not in leaders and len(leaders) == len(others) - 1  # a leader among the others, rivals beside it
+
+
+def test_compressing_configurations_carry_their_error_into_recommend():
+    rows = []
+    for rep in range(4):
+        for hook, ms, err in (("none", 100.0, 3e-8), ("fp16", 70.0, 3.0e-4 + rep * 1e-6)):
+            r = base("a", rep, ms) | {"cell_id": hook, "comm_hook": hook, "bucket_cap_mb": 25.0}
+            rows.append(r | {"grad_check": "exact" if hook == "none" else "approximate", "grad_rel_error": err})
+    (rec,) = recommend.recommend(pd.DataFrame(rows))
+    assert rec["recommended"]["comm_hook"] == "fp16" and rec["changes_numerics"]
+    n = rec["recommended_numerics"]
+    assert n["grad_check"] == "approximate" and n["grad_checks"] == 4
+    assert n["grad_rel_error"] == pytest.approx(3.015e-4) and n["grad_rel_error_range"] == [3.0e-4, 3.03e-4]
+    assert "gradient error 3.0e-04 [3.0e-04, 3.0e-04] over 4 checks" in rec["verdict"]
+    assert "approximate (a compressing hook)" in recommend.to_text([rec])
