@@ -5,6 +5,8 @@
 #                calibrate, trace_comm
 #   2_timing     one DDP cell timed by sync, events and loop, interleaved, 5 rounds
 #   3_hooks      comm hooks none/bf16/powersgd;  3_workload: a user workload;  3_isolation: the cell alone
+# Every DDP measurement also checks its gradient (trainers.gradcheck): exact under NCCL with bf16 autocast for
+# hook none, the bf16 and PowerSGD hooks' errors; the summary has a section for it.
 # then `ddpsweep report` and `ddpsweep recommend`, and a markdown summary (benchmarks/gpu_summary.py).
 # REHEARSAL=1 runs the same flow on CPU (tiny model, gloo, fp16 for bf16) to check the script itself.
 # Everything lands under $OUT (default build/gpu-check): results/, report.html, recommend.json, summary.md.
@@ -40,7 +42,7 @@ scale=${LIMIT_SCALE:-$([ "${REHEARSAL:-0}" = 1 ] && echo 3 || echo 1)}  # a 2-co
 sweep() {  # sweep SPEC LIMIT_S: one part, cut at LIMIT_S so that the summary is always written
   echo "== $1 ($((SECONDS - started)) s in)"
   timeout --signal=INT --kill-after=30 "$(($2 * scale))" "$PY" -m service.cli run "$specs/$1.yaml" \
-    --results "$results" --sweep-id "$1" 2>&1 | tail -n 40
+    --results "$results" --sweep "$1" 2>&1 | tail -n 40
   echo "$1 exit ${PIPESTATUS[0]}" >>"$OUT/exit_codes"
 }
 : >"$OUT/exit_codes"

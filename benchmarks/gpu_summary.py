@@ -112,12 +112,29 @@ def error_lines(rows: pd.DataFrame) -> list[str]:
     return [f"- {r['spec_name']} {r['cell_id']} r{r['repeat']}: {str(r['error'])[:300]}" for _, r in bad.iterrows()]
 
 
+def grad_check_lines(rows: pd.DataFrame) -> list[str]:
+    """The gradient check under NCCL (bf16 autocast): verdicts and relative errors by sweep and hook."""
+    ddp = rows[(rows["status"] == "ok") & (rows["mode"] == "ddp") & rows["grad_check"].notna()]
+    if ddp.empty:
+        return ["- no DDP measurement was checked"]
+    out = []
+    for (spec, hook), g in ddp.groupby(["spec_name", "comm_hook"]):
+        verdicts = ", ".join(f"{k} {n}" for k, n in g["grad_check"].value_counts().items())
+        err = g["grad_rel_error"]
+        out.append(
+            f"- {spec} hook={hook}: {verdicts}; error median {err.median():.2e} [{err.min():.2e}, {err.max():.2e}], "
+            f"tolerance up to {g['grad_tol'].max():.2e}; check {g['grad_check_ms'].median():.0f} ms median"
+        )
+    return out
+
+
 def summary(root: str, calibration_path: str | None = None) -> str:
     rows = load(root)
     parts = [f"# make gpu-check, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC", "", "## Device", *device_lines(rows)]
     parts += ["", "## Cells (median step over rounds and steps, 95% interval)", *cell_table(rows)]
     parts += ["", "## Timing methods (DDP cell, step ÷ sync's, round-blocked 95% interval)", *timing_lines(rows)]
     parts += ["", "## One cell alone vs inside a group (issue 21)", *isolation_lines(rows)]
+    parts += ["", "## Gradient check (exact within the fp32 bound | approximate | failed)", *grad_check_lines(rows)]
     parts += ["", "## Calibration", *calibration_lines(root, calibration_path), "", "## Errors", *error_lines(rows)]
     return "\n".join(parts) + "\n"
 
