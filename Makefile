@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: smoke test setup clean browser gpu-check device-bundle
+.PHONY: smoke test setup clean browser gpu-check device-bundle docs
 
 setup: $(STAMP)
 
@@ -21,7 +21,12 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 smoke: $(STAMP)
-	$(BIN)/ddpsweep run sweeps/specs/smoke.yaml
+	$(BIN)/ddpsweep run smoke
+
+# The docs site into build/site/: the references generated from the code first, then MkDocs, strict
+docs: $(STAMP)
+	$(BIN)/python -m service.docgen docs/reference
+	$(BIN)/mkdocs build --strict
 
 # The browser tier needs Debian's chromium + chromium-driver; installed here when possible (root, apt),
 # otherwise that tier skips and says why.

@@ -67,7 +67,7 @@ def real_race(out: Path, i: int, max_rounds: int, timed_steps: int) -> pd.DataFr
     path = out / "race.yaml"
     path.write_text(yaml.safe_dump(spec))
     env = os.environ | {"DDPSWEEP_SLOWDOWN": ",".join(f"{cells[b]}={f}" for b, f in planted.items() if f)}
-    cmd = [sys.executable, "-m", "service.cli", "run", str(path), "--results", str(out), "--sweep-id", f"race-{i}"]
+    cmd = [sys.executable, "-m", "service.cli", "run", str(path), "--results", str(out), "--sweep", f"race-{i}"]
     subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True)
     rows = load(str(out))
     return rows[rows["sweep_id"] == f"race-{i}"]

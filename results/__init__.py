@@ -1,7 +1,26 @@
-"""Results: the Parquet schema, the store, SQL queries, analysis, plots and reports. Never imports torch or ray."""
+"""Results: the Parquet schema, the store, SQL queries, analysis, plots and reports. Never imports torch or ray.
 
-from results.errors import QueryError, ResultsError, StoreNotFound, UnknownSelection
-from results.schema import SCHEMA
-from results.store import Store, load
+The names below load on first use, so importing one light module (`results.views`, `results.errors`) does not
+load pandas or pyarrow: the CLI answers `--help` and a query without them."""
 
-__all__ = ["SCHEMA", "QueryError", "ResultsError", "Store", "StoreNotFound", "UnknownSelection", "load"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "SCHEMA": "results.schema",
+    "QueryError": "results.errors",
+    "ResultsError": "results.errors",
+    "StoreNotFound": "results.errors",
+    "UnknownSelection": "results.errors",
+    "Store": "results.store",
+    "load": "results.store",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'results' has no attribute {name!r}")

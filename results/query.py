@@ -9,13 +9,7 @@ The sandbox has several independent walls, so that one hole is not an escape:
   3. a wall-clock limit (the connection is interrupted) and a result-size limit;
   4. error messages are scrubbed of the server's paths (working directory, home, store root).
 
-Views: `cells` (every row, with its configuration's 95% interval: step_ms_ci_lo/hi, n_repeats,
-n_steps; and its flags: `round_drifted` — its round's control moved (a diagnostic, kept) — and
-`noisy` — its CV far above its group's), `cell_intervals` (one line per configuration),
-`cells_vs_baseline` (distributed cells beside their single baseline, with efficiency and exposed
-communication and their intervals), `u_curve` (best bucket per curve and the buckets indistinguishable
-from it), `no_sync_gain`, `calibration` (all-reduce time by size on a group's own ranks) and
-`alpha_beta` (the α–β fit per cluster, sweep, world size, nodes and backend).
+Views: `results.views.VIEWS` names each and says what it holds.
 """
 
 from __future__ import annotations
@@ -52,6 +46,7 @@ ANALYSES = {
     "cells_vs_baseline": analysis.with_baseline,
     "u_curve": analysis.u_curve,
     "no_sync_gain": analysis.no_sync_gain,
+    "gradient_checks": analysis.gradient_checks,
 }
 
 

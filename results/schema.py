@@ -11,15 +11,15 @@ from trainers.knobs import BY_NAME, KNOBS, STEP_KNOBS, UNSET, Knob
 _TS = pa.timestamp("us", tz="UTC")
 
 IDENTITY = [
-    pa.field("sweep_id", pa.string(), nullable=False),
-    pa.field("cell_id", pa.string(), nullable=False),
-    pa.field("repeat", pa.int32(), nullable=False),
-    pa.field("cluster", pa.string(), nullable=False),
+    pa.field("sweep_id", pa.string(), nullable=False),  # the sweep this measurement belongs to (its folder: sweep=<id>)
+    pa.field("cell_id", pa.string(), nullable=False),  # stable hash of the cell's configuration
+    pa.field("repeat", pa.int32(), nullable=False),  # which repeat of the cell (= its round)
+    pa.field("cluster", pa.string(), nullable=False),  # the label the rows are filed under (cluster=<label>)
     pa.field("status", pa.string(), nullable=False),  # ok | error
     pa.field("error", pa.string()),  # message; empty when ok
-    pa.field("spec_name", pa.string()),
-    pa.field("started_at", _TS),
-    pa.field("finished_at", _TS),
+    pa.field("spec_name", pa.string()),  # the spec's `name`
+    pa.field("started_at", _TS),  # when the measurement started (UTC)
+    pa.field("finished_at", _TS),  # when its row was written (UTC); of two, the latest wins
 ]
 
 _TYPES = {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64(), "float64": pa.float64(), "bool": pa.bool_()}
@@ -37,9 +37,9 @@ CONFIGURATION = [_knob_column(k) for k in STEP_KNOBS]
 PLACEMENT = [
     _knob_column(BY_NAME["world_size"]),
     _knob_column(BY_NAME["num_nodes"]),
-    pa.field("workers_per_node", pa.int32()),
+    pa.field("workers_per_node", pa.int32()),  # ranks per node of the topology
     pa.field("tokens_per_step", pa.int64()),  # global: all ranks, all micro-steps
-    pa.field("cpus_per_worker", pa.float64()),
+    pa.field("cpus_per_worker", pa.float64()),  # CPUs reserved per rank (on CPU also its torch threads, floored)
     pa.field("placement", pa.string()),  # the Ray placement strategy used
     pa.field("host_world_size", pa.int32()),  # ranks of the worker group that hosted the cell (isolation: sweep)
     pa.field("ranks", pa.list_(pa.int32())),  # the host group's ranks that measured the cell
@@ -48,9 +48,9 @@ PLACEMENT = [
     _knob_column(BY_NAME["env_grid"]),  # JSON: the cell's env_grid values (its worker group's variables); {}: none
     pa.field("grad_compression", pa.string()),  # none | fp16 | bf16 | powersgd-rank-N: lossy unless none
     pa.field("isolation", pa.string()),  # group | cell
-    pa.field("group_id", pa.string()),
+    pa.field("group_id", pa.string()),  # the worker group (one TorchTrainer) that measured it
     pa.field("round", pa.int32()),  # = repeat; every pending cell of the group once per round
-    pa.field("order_in_round", pa.int32()),
+    pa.field("order_in_round", pa.int32()),  # its place in its round's shuffled order
     pa.field("order_seed", pa.int64()),  # round r is shuffled with Random(order_seed + r)
     pa.field("group_started_at", _TS),  # when the group's TorchTrainer was launched
     pa.field("group_setup_s", pa.float64()),  # launch -> workers ready for the first cell (worker-group start)
@@ -67,23 +67,23 @@ PLACEMENT = [
 # What the worker measured: exactly trainers.config.Measurement's fields, plus the trial's wall time.
 MEASUREMENT = [
     _knob_column(BY_NAME["backend"]),  # as run: nccl | gloo | none (single)
-    pa.field("device_type", pa.string()),
-    pa.field("n_params", pa.int64()),
+    pa.field("device_type", pa.string()),  # cuda | cpu
+    pa.field("n_params", pa.int64()),  # parameters of the model
     pa.field("grad_bytes", pa.int64()),  # bytes
-    pa.field("num_threads", pa.int32()),
+    pa.field("num_threads", pa.int32()),  # torch intra-op threads per rank
     pa.field("setup_ms", pa.float64()),  # model copy + optimizer + DDP wrapper for this cell
     pa.field("warmup_ms", pa.float64()),  # all warm-up steps of this cell
     pa.field("step_ms", pa.float64()),  # median of per-step slowest-rank times
-    pa.field("step_ms_mean", pa.float64()),
-    pa.field("step_ms_p10", pa.float64()),
-    pa.field("step_ms_p90", pa.float64()),
-    pa.field("step_ms_cv", pa.float64()),
+    pa.field("step_ms_mean", pa.float64()),  # mean of the per-step slowest-rank times
+    pa.field("step_ms_p10", pa.float64()),  # 10th percentile of the per-step times
+    pa.field("step_ms_p90", pa.float64()),  # 90th percentile of the per-step times
+    pa.field("step_ms_cv", pa.float64()),  # std / mean of the per-step times (null for loop timing)
     pa.field("tokens_per_s", pa.float64()),  # null where the workload gives no tokens_per_sample
-    pa.field("samples_per_s", pa.float64()),
+    pa.field("samples_per_s", pa.float64()),  # global samples per step / median step
     pa.field("peak_mem_bytes", pa.int64()),  # during this cell only; null where unmeasurable
-    pa.field("num_buckets", pa.int32()),
-    pa.field("bucket_sizes_bytes", pa.list_(pa.int64())),
-    pa.field("step_times_ms", pa.list_(pa.float64())),
+    pa.field("num_buckets", pa.int32()),  # DDP's gradient buckets (after its rebuild)
+    pa.field("bucket_sizes_bytes", pa.list_(pa.int64())),  # each bucket's size in bytes, from DDP's logging data
+    pa.field("step_times_ms", pa.list_(pa.float64())),  # every timed step: the slowest rank's time, in order
     pa.field("timed_steps_run", pa.int32()),  # timed steps actually taken
     pa.field("converged", pa.bool_()),  # adaptive timing reached its target; null for fixed steps
     pa.field("comm_ms", pa.float64()),  # trace_comm (rank 0): time with an all-reduce in flight, per step
@@ -92,7 +92,7 @@ MEASUREMENT = [
     pa.field("comm_timeline_ms", pa.list_(pa.list_(pa.float64()))),  # [bucket, launch, done] of the median step
     pa.field("comm_bytes_per_step", pa.int64()),  # trace_comm: bytes all-reduced per step by rank 0 (median)
     pa.field("comm_collectives_per_step", pa.int32()),  # trace_comm: all-reduce calls per step (median)
-    pa.field("replicas_in_sync", pa.bool_()),
+    pa.field("replicas_in_sync", pa.bool_()),  # every rank's parameters bit-identical after the timed steps
     pa.field("timing_used", pa.string()),  # how they were timed (events falls back to sync on CPU)
     pa.field("timing_note", pa.string()),  # why timing_used differs from timing, or what a loop row lacks
     pa.field("grad_check", pa.string()),  # exact | approximate | failed | off; null: single mode, or older rows
@@ -103,16 +103,16 @@ MEASUREMENT = [
 ]
 
 FINGERPRINT = [
-    pa.field("hosts", pa.list_(pa.string())),
+    pa.field("hosts", pa.list_(pa.string())),  # the hostnames of the ranks
     pa.field("accelerator", pa.string()),  # GPU name or CPU model
-    pa.field("accelerators", pa.int32()),
-    pa.field("driver_version", pa.string()),
-    pa.field("cuda_version", pa.string()),
-    pa.field("nccl_version", pa.string()),
-    pa.field("torch_version", pa.string()),
-    pa.field("ray_version", pa.string()),
-    pa.field("python_version", pa.string()),
-    pa.field("ddpsweep_version", pa.string()),
+    pa.field("accelerators", pa.int32()),  # GPUs (or CPU sockets) per node
+    pa.field("driver_version", pa.string()),  # NVIDIA driver
+    pa.field("cuda_version", pa.string()),  # torch's CUDA
+    pa.field("nccl_version", pa.string()),  # torch's NCCL
+    pa.field("torch_version", pa.string()),  # torch
+    pa.field("ray_version", pa.string()),  # Ray
+    pa.field("python_version", pa.string()),  # Python
+    pa.field("ddpsweep_version", pa.string()),  # ddpsweep
     pa.field("topology", pa.string()),  # nvidia-smi topo -m, where present
     pa.field("env", pa.string()),  # JSON object of NCCL_*/GLOO_* variables in force
     pa.field("network", pa.string()),  # JSON list, one object per node: interfaces, speeds, IB ports, GPUs, topo
@@ -166,15 +166,17 @@ def row_table(row: dict) -> pa.Table:
 # broadcast), filed beside the cells under the same cluster and sweep.
 CALIBRATION = pa.schema(
     [
-        pa.field("sweep_id", pa.string(), nullable=False),
-        pa.field("cluster", pa.string(), nullable=False),
-        pa.field("group_id", pa.string()),
+        pa.field(
+            "sweep_id", pa.string(), nullable=False
+        ),  # the sweep this measurement belongs to (its folder: sweep=<id>)
+        pa.field("cluster", pa.string(), nullable=False),  # the label the rows are filed under (cluster=<label>)
+        pa.field("group_id", pa.string()),  # the worker group (one TorchTrainer) that measured it
         pa.field("world_size", pa.int32()),
         pa.field("num_nodes", pa.int32()),
-        pa.field("workers_per_node", pa.int32()),
+        pa.field("workers_per_node", pa.int32()),  # ranks per node of the topology
         pa.field("backend", pa.string()),
         pa.field("accelerator", pa.string()),
-        pa.field("hosts", pa.list_(pa.string())),
+        pa.field("hosts", pa.list_(pa.string())),  # the hostnames of the ranks
         pa.field("measured_at", _TS),
         pa.field("kind", pa.string()),  # all_reduce | broadcast_params
         pa.field("size_bytes", pa.int64()),  # message bytes (fp32)

@@ -34,6 +34,7 @@ from results.cache import ANALYSIS_MAX_ROWS, DOWNLOAD_MAX_ROWS, STORE_MAX_ROWS, 
 from results.errors import StoreNotFound
 from results.report import render_html
 from results.store import require_label
+from results.views import VIEWS
 from service import dashboard, jobs
 from service.clusterstate import ClusterState
 from sweeps import envvars
@@ -166,7 +167,7 @@ def _label(kind: str, value: str | None) -> str | None:
 
 
 class QueryBody(BaseModel):
-    sql: str = Field(description="one read-only SELECT over cells, cells_vs_baseline, u_curve, no_sync_gain")
+    sql: str = Field(description=f"one read-only SELECT over the views {', '.join(VIEWS)}")
     format: Literal["json", "csv"] = "json"
 
 
@@ -265,7 +266,7 @@ def _submit(settings: ServiceSettings, text: str, cluster: str | None) -> dict:
             503,
             "Unavailable",
             "this server was started without a Ray cluster: it reads results but cannot submit sweeps "
-            "(its operator starts it with `ddpsweep serve --address http://HEAD:8265`)",
+            "(its operator starts it with `ddpsweep serve --dashboard http://HEAD:8265`)",
         )
     workdir = settings.workload_dir if jobs.needs_code(spec) else None
     sweep_id, job_id = jobs.submit(

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from service import cli_cluster, cli_results
-from service.cli_common import echo, fail
+from service.cli_common import OldSweepIdOpt, echo, fail
 from trainers.errors import ConfigError, DDPSweepError
 
 if TYPE_CHECKING:
@@ -23,6 +23,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
     help="Sweep PyTorch DDP communication settings on Ray; query the Parquet results.",
 )
 
@@ -47,18 +48,29 @@ def _warn_risky_env(spec) -> None:
 
 @app.command()
 def run(
-    spec: Annotated[str, typer.Argument(help="YAML sweep spec, e.g. sweeps/specs/smoke.yaml")],
+    spec: Annotated[str, typer.Argument(help="a YAML sweep spec, or a packaged one by name (smoke, seed, …)")],
     address: Annotated[
-        str | None, typer.Option(help="Ray cluster (HEAD:6379 or auto); default: embedded local Ray")
+        str | None,
+        typer.Option(metavar="HEAD:6379", help="the Ray cluster to run on (or auto); default: an embedded local Ray"),
     ] = None,
-    results: Annotated[str | None, typer.Option(help="results root (folder or URI); default: the spec's")] = None,
-    cluster: Annotated[str | None, typer.Option(help="cluster label for the rows; default: the spec's")] = None,
-    resume: Annotated[str | None, typer.Option(help="sweep id to resume: measure only pairs without an ok row")] = None,
-    sweep_id: Annotated[str | None, typer.Option(help="use this id for a new sweep (default: generated)")] = None,
+    results: Annotated[
+        str | None, typer.Option(metavar="URI", help="results root (folder or URI); default: the spec's")
+    ] = None,
+    cluster: Annotated[
+        str | None, typer.Option(metavar="LABEL", help="cluster label for the rows; default: the spec's")
+    ] = None,
+    resume: Annotated[
+        str | None, typer.Option(metavar="SWEEP", help="a sweep to resume: measure only pairs without an ok row")
+    ] = None,
+    sweep: Annotated[
+        str | None, typer.Option("--sweep", metavar="SWEEP", help="the id of the new sweep (default: generated)")
+    ] = None,
+    sweep_id: OldSweepIdOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the grid and start nothing")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", help="show Ray's own logs")] = False,
 ) -> None:
-    """Run a sweep: one Ray Tune trial (one warm TorchTrainer) per worker group, one Parquet row per measurement."""
+    """Measure a sweep: one Parquet row per measurement as it lands, then per curve the best bucket with its
+    interval and the scaling efficiency. --dry-run prints the grid and whether this machine can run it."""
     from results.errors import StoreFull
     from sweeps import runner, session
     from sweeps.specfile import load_spec
@@ -67,6 +79,7 @@ def run(
     plan = None
     stop_on_signals(session)
     try:
+        sweep_id = sweep or sweep_id
         plan = runner.plan_sweep(load_spec(spec), results=results, cluster=cluster, resume=resume, sweep_id=sweep_id)
         _warn_risky_env(plan.spec)
         if dry_run:
@@ -221,6 +234,29 @@ def calibrate(
 
 for command in (*cli_results.COMMANDS, *cli_cluster.COMMANDS):
     app.command()(command)  # in this order in --help: measure, read the store, the cluster and the API
+
+
+STARTER = ("spec.yaml", "my_workload.py")  # what `init` writes (service/starter/)
+
+
+@app.command()
+def init(
+    folder: Annotated[str, typer.Argument(help="where to write them (default: the current folder)")] = ".",
+) -> None:
+    """Start a sweep of your own model: writes spec.yaml and my_workload.py (a workload skeleton with the
+    contract's three members) to edit, then `ddpsweep run spec.yaml --dry-run`. Never overwrites a file."""
+    from pathlib import Path
+
+    starter = Path(__file__).resolve().parent / "starter"
+    target = Path(folder)
+    there = [name for name in STARTER if (target / name).exists()]
+    if there:
+        raise fail(f"{', '.join(str(target / n) for n in there)}: already there (init never overwrites a file)")
+    target.mkdir(parents=True, exist_ok=True)
+    for name in STARTER:
+        (target / name).write_text((starter / name).read_text())
+        echo(f"wrote {target / name}")
+    echo("next: ddpsweep run spec.yaml --dry-run   (the grid and whether this machine can run it; nothing starts)")
 
 
 def main() -> None:

@@ -8,13 +8,14 @@ from typing import Annotated
 
 import typer
 
-from service.cli_common import DEFAULT_RESULTS, AddressOpt, ResultsOpt, echo, fail
+from service.cli_common import DEFAULT_RESULTS, DashboardOpt, OldAddressOpt, ResultsOpt, echo, fail
 from trainers.errors import DDPSweepError
 
 
 def submit(
     spec: Annotated[str, typer.Argument(help="YAML sweep spec")],
-    address: AddressOpt = None,
+    dashboard: DashboardOpt = None,
+    address: OldAddressOpt = None,
     cluster: Annotated[str | None, typer.Option(help="cluster label for the rows; default: the spec's")] = None,
     results: Annotated[str | None, typer.Option(help="results root every node can reach; default: the spec's")] = None,
     workdir: Annotated[
@@ -24,6 +25,7 @@ def submit(
 ) -> None:
     """Submit a sweep to a Ray cluster as a Ray Job (validated here first; nothing submitted on error). A spec
     naming your own workload ships --workdir (default: the current directory) with the job."""
+    address = dashboard or address
     from service import jobs
     from sweeps.specfile import load_spec_text
 
@@ -39,9 +41,11 @@ def submit(
 
 def status(
     sweep_id: Annotated[str | None, typer.Argument(help="one sweep (default: all)")] = None,
-    address: AddressOpt = None,
+    dashboard: DashboardOpt = None,
+    address: OldAddressOpt = None,
 ) -> None:
-    """Job state and cells written / planned, one sweep or all."""
+    """Each sweep on the cluster (or one): its job state, cells written / planned, errors, where its rows go."""
+    address = dashboard or address
     from service import jobs
 
     try:
@@ -59,10 +63,12 @@ def status(
 
 def logs(
     sweep_id: Annotated[str, typer.Argument(help="the sweep id")],
-    address: AddressOpt = None,
+    dashboard: DashboardOpt = None,
+    address: OldAddressOpt = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="stream until the job ends")] = False,
 ) -> None:
-    """The sweep job's driver output."""
+    """The sweep job's output (progress lines, the summary, errors); --follow streams it until the job ends."""
+    address = dashboard or address
     import asyncio
 
     from service import jobs
@@ -84,8 +90,13 @@ def logs(
         raise fail(str(e)) from None
 
 
-def stop(sweep_id: Annotated[str, typer.Argument(help="the sweep id")], address: AddressOpt = None) -> None:
+def stop(
+    sweep_id: Annotated[str, typer.Argument(help="the sweep id")],
+    dashboard: DashboardOpt = None,
+    address: OldAddressOpt = None,
+) -> None:
     """Stop a running sweep (rows already written stay)."""
+    address = dashboard or address
     from service import jobs
 
     try:
@@ -98,7 +109,8 @@ def stop(sweep_id: Annotated[str, typer.Argument(help="the sweep id")], address:
 def serve(
     host: Annotated[str, typer.Option(help="interface to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port", min=1, max=65535)] = 8000,
-    address: AddressOpt = None,
+    dashboard: DashboardOpt = None,
+    address: OldAddressOpt = None,
     results: ResultsOpt = DEFAULT_RESULTS,
     token: Annotated[str | None, typer.Option(help="bearer token for mutating endpoints (or DDPSWEEP_TOKEN)")] = None,
     allow_host: Annotated[
@@ -124,9 +136,9 @@ def serve(
         int, typer.Option("--max-rows", min=1, help="rows kept in memory (about 2 KB each); more is a 413")
     ] = 5_000_000,
 ) -> None:
-    """The HTTP API (OpenAPI at /openapi.json, docs at /docs). On loopback only requests for 127.0.0.1,
-    localhost or ::1 (and --allow-host names) are served: a DNS-rebinding page cannot read the token-free
-    endpoints."""
+    """The HTTP API and dashboard over a results store (OpenAPI at /openapi.json, docs at /docs). On loopback
+    only requests for 127.0.0.1, localhost or ::1 (and --allow-host names) are served: a DNS-rebinding page
+    cannot read the token-free endpoints."""
     import os
 
     import uvicorn
@@ -146,7 +158,7 @@ def serve(
     hosts = ("127.0.0.1", "localhost", "[::1]", "::1") if loopback else None  # beyond loopback: the token guards
     hosts = (*hosts, *allow_host) if hosts is not None else None
     settings = ServiceSettings(
-        address=address,
+        address=dashboard or address,
         results=results,
         token=token,
         public_reads=loopback,

@@ -7,9 +7,16 @@ from typing import Annotated
 
 import typer
 
-ResultsOpt = Annotated[str, typer.Option("--results", help="results root (folder or URI)")]
+ResultsOpt = Annotated[str, typer.Option("--results", metavar="URI", help="results root (folder or URI)")]
 DEFAULT_RESULTS = "./ddpsweep-results"
-AddressOpt = Annotated[str | None, typer.Option(help="Ray dashboard, e.g. http://HEAD:8265 (or RAY_ADDRESS)")]
+DashboardOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--dashboard", metavar="URL", help="the Ray dashboard (job server), e.g. http://HEAD:8265; or RAY_ADDRESS"
+    ),
+]
+OldAddressOpt = Annotated[str | None, typer.Option("--address", hidden=True, help="the old name of --dashboard")]
+OldSweepIdOpt = Annotated[str | None, typer.Option("--sweep-id", hidden=True, help="the old name of --sweep")]
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:

@@ -5,23 +5,24 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
+from results.views import VIEWS
 from service.cli_common import DEFAULT_RESULTS, ResultsOpt, echo, fail
 from trainers.errors import ConfigError, DDPSweepError
 
+TableFormat = Literal["table", "csv", "json"]  # = results.query.FORMATS (not imported: it loads the engine)
+
 
 def query(
-    sql: Annotated[
-        str, typer.Argument(help="one SELECT over the views cells, cells_vs_baseline, u_curve, no_sync_gain")
-    ],
+    sql: Annotated[str, typer.Argument(help=f"one SELECT over the views {', '.join(VIEWS)}")],
     results: ResultsOpt = DEFAULT_RESULTS,
-    fmt: Annotated[str, typer.Option("--format", help="table | csv | json")] = "table",
+    fmt: Annotated[TableFormat, typer.Option("--format", help="how to print it")] = "table",
     timeout: Annotated[float, typer.Option(help="wall-clock limit in seconds", min=0.1, max=3600)] = 30.0,
 ) -> None:
-    """SQL (DuckDB, read-only, sandboxed) over the results store (at most 100000 result rows)."""
+    """The answer to one SQL SELECT over the results (DuckDB, read-only, sandboxed; at most 100000 rows)."""
     from results import isolation
     from results.query import query as run_query
     from results.query import render
@@ -42,8 +43,8 @@ def compact(
     cluster: Annotated[str | None, typer.Option(help="only this cluster")] = None,
     sweep: Annotated[str | None, typer.Option(help="only this sweep id")] = None,
 ) -> None:
-    """Merge each sweep's one-file-per-row folder into one Parquet file (done after every sweep too), then each
-    cluster's compacted sweeps into one pack (not with --sweep)."""
+    """Fewer files to read: merge each sweep's one-file-per-row folder into one Parquet file (done after every
+    sweep too), then each cluster's compacted sweeps into one pack (not with --sweep)."""
     from results.compaction import compact as run_compact
     from results.store import Store, require_label
 
@@ -72,12 +73,13 @@ def compare(
     cluster: Annotated[list[str], typer.Option("--cluster", help="exactly two cluster labels")],
     results: ResultsOpt = DEFAULT_RESULTS,
     sweep: Annotated[list[str] | None, typer.Option("--sweep", help="restrict to these sweep ids")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="table | csv | json")] = "table",
+    fmt: Annotated[TableFormat, typer.Option("--format", help="how to print it")] = "table",
     scaling_figure: Annotated[
         str | None, typer.Option(help="also write both clusters' scaling curves on one figure (PNG)")
     ] = None,
 ) -> None:
-    """Two clusters side by side: matched grid positions, ratio, comparability and significance flags."""
+    """Two clusters side by side: each configuration measured on both, their step ratio with its interval, and
+    whether the difference is significant and the rows comparable."""
     import pandas as pd
 
     from results.compare import compare as compare_clusters
@@ -120,7 +122,7 @@ def scaling(
     results: ResultsOpt = DEFAULT_RESULTS,
     cluster: Annotated[list[str] | None, typer.Option("--cluster", help="clusters to include (default all)")] = None,
     sweep: Annotated[str | None, typer.Option("--sweep", help="one sweep id")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="table | csv | json")] = "table",
+    fmt: Annotated[TableFormat, typer.Option("--format", help="how to print it")] = "table",
 ) -> None:
     """Throughput and strong-scaling efficiency by topology (nodes x workers per node), with intervals,
     the busbw each topology reached where the sweep calibrated, and the knee."""
@@ -174,10 +176,10 @@ def report(
     results: ResultsOpt = DEFAULT_RESULTS,
     cluster: Annotated[list[str] | None, typer.Option("--cluster", help="clusters to include (default all)")] = None,
     sweep: Annotated[str | None, typer.Option("--sweep", help="one sweep id")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="html | png")] = "html",
+    fmt: Annotated[Literal["html", "png"], typer.Option("--format", help="one HTML page or PNG files")] = "html",
     algbw_gbps: Annotated[float | None, typer.Option(help="all-reduce algbw (GB/s) for the cost model")] = None,
 ) -> None:
-    """A self-contained HTML report (figures embedded), or the figures as PNGs."""
+    """A self-contained HTML report (figures embedded, every table with its intervals), or the figures as PNGs."""
     import pandas as pd
 
     from results.report import render_html, write_pngs
@@ -210,11 +212,11 @@ def recommend(
     results: ResultsOpt = DEFAULT_RESULTS,
     cluster: Annotated[str | None, typer.Option("--cluster", help="one cluster (default all)")] = None,
     sweep: Annotated[str | None, typer.Option("--sweep", help="one sweep id")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="text | json")] = "text",
+    fmt: Annotated[Literal["text", "json"], typer.Option("--format", help="sentences or JSON")] = "text",
 ) -> None:
-    """Per curve (workload, topology, gas): the best measured DDP configuration, its gain over PyTorch's
-    defaults with a 95% interval, what cannot be told apart from it, and the code to paste; or, when the
-    intervals cannot separate it from the defaults, one sentence saying so."""
+    """The configuration to paste, per curve (workload, topology, gas): the best measured DDP configuration,
+    its gain over PyTorch's defaults with a 95% interval, what cannot be told apart from it, its gradient
+    check, and the code; or, when the intervals cannot separate it from the defaults, one sentence saying so."""
     from results.recommend import recommend as run_recommend
     from results.recommend import to_json, to_text
     from results.store import load

@@ -66,7 +66,7 @@ def resolve_address(address: str | None) -> str:
     """The job server: the argument, else RAY_API_SERVER_ADDRESS / RAY_ADDRESS, as Ray's own tools read them."""
     found = address or os.environ.get("RAY_API_SERVER_ADDRESS") or os.environ.get("RAY_ADDRESS")
     if not found:
-        raise SpecError("--address", None, "the Ray dashboard address, e.g. http://HEAD:8265 (or set RAY_ADDRESS)")
+        raise SpecError("--dashboard", None, "the Ray dashboard address, e.g. http://HEAD:8265 (or set RAY_ADDRESS)")
     return found if "://" in found else f"http://{found}"
 
 
@@ -101,7 +101,7 @@ def client(address: str | None):
                 limits = f"{CONNECT_TIMEOUT_S:g} s to connect / {READ_TIMEOUT_S:g} s to reply"
                 raise JobsError(
                     f"the Ray job server at {addr} did not answer within {limits}: "
-                    "is --address the dashboard (port 8265)?"
+                    "is --dashboard the dashboard (port 8265)?"
                 ) from None
             except requests.exceptions.ConnectionError as e:
                 raise JobsError(f"cannot reach the Ray job server at {addr}: {type(e).__name__}") from None
@@ -177,7 +177,7 @@ def submit(
             results,
             "--cluster",
             cluster,
-            "--sweep-id",
+            "--sweep",
             sweep_id,
         ]
     )

@@ -120,7 +120,7 @@ def plan_sweep(
     require_label("--cluster", cluster)
     if resume is None:
         if sweep_id is not None:
-            require_label("--sweep-id", sweep_id)
+            require_label("--sweep", sweep_id)
         plan = SweepPlan(spec, sweep_id or new_sweep_id(spec.name), cluster, store, cells, [])
     else:
         plan = SweepPlan(spec, require_label("--resume", resume), cluster, store, cells, [], resumed=True)
@@ -138,7 +138,7 @@ def pending(plan: SweepPlan) -> list[tuple[Cell, int]]:
     if not plan.resumed:
         if store.read_manifest(cluster, sweep_id) or sweep_id in store.labels().get(cluster, []):
             raise SpecError(
-                "--sweep-id",
+                "--sweep",
                 sweep_id,
                 f"a new id: that sweep exists under cluster={cluster} "
                 f"(continue it with --resume {sweep_id}; its rows are never overwritten)",
@@ -182,10 +182,10 @@ CLAIM = "_claim.lock"  # in the sweep's folder: held by the one run measuring it
 @contextmanager
 def claimed(plan: SweepPlan) -> Iterator[None]:
     """Hold the sweep's claim while it runs, taken atomically before Ray starts (local disk: flock; object
-    stores: a lease object, see results.lease): a second run of the same id (two `--sweep-id X`, two
+    stores: a lease object, see results.lease): a second run of the same id (two `--sweep X`, two
     `--resume X`) is refused with the first's pid and host. Under the claim the pending pairs are worked out
     again, so a run that waited behind another measures only what that one left."""
-    field = "--resume" if plan.resumed else "--sweep-id"
+    field = "--resume" if plan.resumed else "--sweep"
     folder = plan.store.sweep_dir(plan.cluster, plan.sweep_id)
     held = lease(plan.store.fs, folder, CLAIM, purpose="measuring", what=f"sweep {plan.sweep_id}", ttl_s=60)
     try:

@@ -73,8 +73,8 @@ class SweepSpec(_SpecKnobs):
     model: str = "tiny"
     """Model preset (ignored with `workload`)."""
     workload: str | None = None
-    """Your own model: an import path `package.module:factory` (see README, "Your own model"); the factory's
-    result gives `model`, `make_batch`, `loss` and optionally `tokens_per_sample`."""
+    """Your own model: an import path `package.module:factory` (docs: "Your own model"; `ddpsweep init` writes
+    one); the factory's result gives `model`, `make_batch`, `loss` and optionally `tokens_per_sample`."""
     workload_args: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the workload's factory (JSON values)."""
     timed_steps: int | str = 10

@@ -16,6 +16,15 @@ from sweeps.spec import SpecError, SweepSpec, spec_from_dict
 MAX_SPEC_BYTES = 256 * 1024  # as the HTTP API's body limit
 
 
+SPECS = Path(__file__).resolve().parent / "specs"  # the specs that ship with ddpsweep
+PACKAGED = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def packaged_specs() -> list[str]:
+    """The names of the specs that ship with ddpsweep (`ddpsweep run smoke`)."""
+    return sorted(p.stem for p in SPECS.glob("*.yaml"))
+
+
 def load_spec(path: str | Path) -> SweepSpec:
     """Read and validate a YAML (or JSON) spec file; `env:NAME` reads the text from that variable."""
     return load_spec_text(path)[0]
@@ -32,8 +41,11 @@ def load_spec_text(path: str | Path) -> tuple[SweepSpec, str]:
         except SpecError as e:  # never echo an environment variable's content
             raise SpecError(e.field, "<value from the environment, not shown>", e.allowed) from None
     p = Path(path)
+    if not p.is_file() and PACKAGED.fullmatch(str(path)) and (SPECS / f"{path}.yaml").is_file():
+        p = SPECS / f"{path}.yaml"  # a packaged spec by name: `ddpsweep run smoke`
     if not p.is_file():
-        raise SpecError("SPEC", str(path), "an existing YAML file, e.g. sweeps/specs/smoke.yaml")
+        names = ", ".join(packaged_specs())
+        raise SpecError("SPEC", str(path), f"an existing YAML file, or a packaged spec by name: {names}")
     with p.open("rb") as f:
         raw = f.read(MAX_SPEC_BYTES + 1)  # never a whole 1 GB file in memory before the size check
     if len(raw) > MAX_SPEC_BYTES:

@@ -23,7 +23,7 @@ def test_an_existing_sweep_id_is_refused_without_resume(tmp_path):
     Store.open(str(tmp_path)).write_manifest("local", "taken", {"cells": []})
     with pytest.raises(SpecError) as err:
         plan_sweep(spec, results=str(tmp_path), sweep_id="taken")
-    assert err.value.field == "--sweep-id" and "--resume taken" in str(err.value)
+    assert err.value.field == "--sweep" and "--resume taken" in str(err.value)
     assert plan_sweep(spec, results=str(tmp_path), sweep_id="fresh").sweep_id == "fresh"
 
 

@@ -351,7 +351,9 @@ def test_comparing_a_label_with_itself_and_submitting_without_a_cluster_are_clea
     assert same.status_code == 422 and same.json()["error"]["field"] == "b"
     r = post(client(address=None), "name: x\n")
     assert (
-        r.status_code == 503 and "--address" in r.json()["error"]["message"] and "serve" in r.json()["error"]["message"]
+        r.status_code == 503
+        and "--dashboard" in r.json()["error"]["message"]
+        and "serve" in r.json()["error"]["message"]
     )
 
 

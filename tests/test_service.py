@@ -192,7 +192,7 @@ def test_the_address_comes_from_ray_s_own_variables(monkeypatch):
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv("RAY_API_SERVER_ADDRESS", raising=False)
-    with pytest.raises(SpecError, match="--address"):
+    with pytest.raises(SpecError, match="--dashboard"):
         resolve_address(None)
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:8265")
     assert resolve_address(None) == "http://10.0.0.1:8265"

@@ -47,7 +47,7 @@ def test_a_held_claim_refuses_a_second_run_and_a_resume(tmp_path):
         assert len(first.todo) == 2
         with pytest.raises(SpecError, match=f"pid {os.getpid()} on {socket.gethostname()}") as err:
             _claim(plan_sweep(spec, results=str(tmp_path), sweep_id="x-1"))
-        assert err.value.field == "--sweep-id"
+        assert err.value.field == "--sweep"
         Store.open(str(tmp_path)).write_manifest("local", "x-1", {"cells": [c.cell_id for c in first.cells]})
         with pytest.raises(SpecError, match="no other run is measuring") as err:
             _claim(plan_sweep(spec, results=str(tmp_path), resume="x-1"))
@@ -62,7 +62,7 @@ def test_two_runs_with_one_sweep_id_at_once(tmp_path):
     spec = tmp_path / "claim.yaml"
     spec.write_text(SPEC)
     results = tmp_path / "r"
-    args = ("run", str(spec), "--sweep-id", "same", "--results", str(results))
+    args = ("run", str(spec), "--sweep", "same", "--results", str(results))
     first = ddpsweep(*args)
     claim = results / "cluster=local" / "sweep=same" / CLAIM
     deadline = time.monotonic() + 120

@@ -1,6 +1,6 @@
 """What is measured: a workload. The GPT presets are built-in workloads; a user's model is one by import path.
 
-The contract (README "Your own model"): a spec names `workload: "package.module:factory"` and
+The contract (docs: "Your own model"): a spec names `workload: "package.module:factory"` and
 `workload_args: {...}`; on every rank the harness seeds torch with the cell's seed, then calls
 `factory(**workload_args)`, which returns an object with
 

@@ -2,7 +2,7 @@
 
 Not GPT-shaped on purpose: nearly all gradient bytes sit in one tensor (the table, registered first, so its
 gradient is ready last in backward and fills the last bucket), and the rest is many small tensors that
-small buckets would send one by one. Written with torch only, against the README's workload contract.
+small buckets would send one by one. Written with torch only, against the workload contract (trainers/workload.py).
 
     workload: "sweeps.examples.recsys:build"
     workload_args: {rows: 200000, dim: 32, fields: 8, layers: 16, width: 64}

@@ -1,0 +1,137 @@
+"""The docs: every spec key, row column, SQL view, CLI command and HTTP path is in the reference generated from
+the code's declarations, with words beside it; the site builds with `mkdocs build --strict` (a broken link or
+a page missing from the nav fails); the README's first screen is a user's, not the project's notebook."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from service import docgen
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_spec_key_is_documented():
+    from sweeps.spec import SweepSpec
+
+    docs = docgen.spec_docs()
+    keys = {f.name for f in SweepSpec.__dataclass_fields__.values()}
+    assert set(docs) == keys
+    undocumented = [k for k, (_, _, doc) in docs.items() if len(doc) < 10]
+    assert not undocumented, f"spec keys without documentation: {undocumented}"
+    page = docgen.spec_reference()
+    assert all(f"| `{k}` |" in page for k in keys)
+    assert "| `grad_check` | bool | `True` |" in page  # kind and default from the declaration
+
+
+def test_every_row_column_is_documented():
+    from results.schema import SCHEMA
+
+    docs = docgen.column_docs()
+    undocumented = [name for name in SCHEMA.names if len(docs[name]) < 3]
+    assert not undocumented, f"columns without a comment in results/schema.py or a knob doc: {undocumented}"
+    page = docgen.schema_reference()
+    assert all(f"| `{name}` |" in page for name in SCHEMA.names)
+
+
+def test_every_sql_view_is_documented_and_every_documented_view_exists(seed_store):
+    from results.query import views
+    from results.views import VIEWS
+
+    built = set(views(seed_store))
+    assert built == set(VIEWS), (built, set(VIEWS))
+    page = docgen.sql_reference()
+    assert all(f"| `{v}` |" in page for v in VIEWS)
+
+
+def test_every_cli_command_and_option_is_documented():
+    import click
+
+    page = docgen.cli_reference()
+    commands = docgen.cli_commands()
+    assert {"run", "recommend", "query", "init", "submit", "serve", "compare", "report"} <= set(commands)
+    for name, cmd in commands.items():
+        assert f"## `ddpsweep {name}`" in page
+        assert cmd.help and len(cmd.help) > 20, name
+        for p in cmd.params:
+            if isinstance(p, click.Option) and not p.hidden:
+                assert p.help, f"{name} {p.opts}: no help"
+                assert p.opts[0] in page
+
+
+def test_every_http_path_is_in_the_reference():
+    from service.api import ServiceSettings, create_app
+
+    paths = create_app(ServiceSettings(address=None, results=str(ROOT), token=None)).openapi()["paths"]
+    page = docgen.http_reference()
+    assert all(f" {p}`" in page for p in paths)
+    assert "## `POST /query`" in page and "## `GET /cells`" in page
+
+
+@pytest.mark.skipif(
+    shutil.which("mkdocs") is None and not (Path(sys.executable).parent / "mkdocs").exists(),
+    reason="mkdocs is not installed (pip install -e '.[test]')",
+)
+def test_the_site_builds_strict(tmp_path):
+    """The generated references are written, then MkDocs builds the whole site with --strict."""
+    docs = tmp_path / "docs"
+    shutil.copytree(ROOT / "docs", docs, ignore=shutil.ignore_patterns("reference", "benchmarks.md"))
+    docgen.write_all(docs / "reference")
+    config = (ROOT / "mkdocs.yml").read_text().replace("docs_dir: docs", f"docs_dir: {docs}")
+    (tmp_path / "mkdocs.yml").write_text(config.replace("site_dir: build/site", f"site_dir: {tmp_path / 'site'}"))
+    mkdocs = Path(sys.executable).parent / "mkdocs"
+    run = subprocess.run(
+        [str(mkdocs), "build", "--strict", "-f", str(tmp_path / "mkdocs.yml")], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    home = (tmp_path / "site" / "reference" / "spec" / "index.html").read_text()
+    assert "bucket_cap_mb" in home and "grad_check" in home
+
+
+PROCESS_WORDS = re.compile(r"\b(stop \d+|session|issue #?\d+|slower hour|slow day|CI run|on this machine)\b", re.I)
+MACHINE_FIGURES = re.compile(r"\b20\d\d-\d\d-\d\d\b|\b\d+ min \d+ s\b|\b\d+ tests\b|\b2 cores\b")
+
+
+def test_the_readme_first_screen_holds_no_figure_of_this_machine_and_no_process_words():
+    first_screen = "\n".join((ROOT / "README.md").read_text().splitlines()[:60])
+    assert not PROCESS_WORDS.search(first_screen), PROCESS_WORDS.search(first_screen)
+    assert not MACHINE_FIGURES.search(first_screen), MACHINE_FIGURES.search(first_screen)
+    assert "ddpsweep recommend" in first_screen and "Install" in first_screen
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 170
+
+
+def ddpsweep_here(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """The installed console script, run from `cwd` (outside the checkout)."""
+    exe = Path(sys.executable).parent / "ddpsweep"
+    return subprocess.run([str(exe), *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_init_then_a_dry_run_works_in_an_empty_folder_outside_the_checkout(tmp_path):
+    made = ddpsweep_here(tmp_path, "init")
+    assert made.returncode == 0, made.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my_workload.py", "spec.yaml"]
+    dry = ddpsweep_here(tmp_path, "run", "spec.yaml", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "my_workload:build" in dry.stdout  # 2 baselines + 4 buckets x (gas 1, gas 4 x no_sync both), 3 rounds
+    assert "14 cells x 3 repeat(s) = 42 measurements" in dry.stdout
+    again = ddpsweep_here(tmp_path, "init")
+    assert again.returncode == 2 and "already there" in again.stderr  # never overwrites
+    assert (tmp_path / "spec.yaml").read_text().startswith("# A sweep of your own model")
+
+
+def test_a_packaged_spec_runs_by_name_and_the_old_spellings_still_work(tmp_path):
+    dry = ddpsweep_here(tmp_path, "run", "smoke", "--dry-run", "--sweep-id", "old-name")
+    assert dry.returncode == 0, dry.stderr
+    assert "11 cells x 3 repeat(s) = 33 measurements" in dry.stdout
+    unknown = ddpsweep_here(tmp_path, "run", "nosuchspec", "--dry-run")
+    assert unknown.returncode == 2 and "smoke" in unknown.stderr and "seed" in unknown.stderr  # names what ships
+    bad = ddpsweep_here(tmp_path, "recommend", "--format", "yaml", "--results", str(tmp_path))
+    assert bad.returncode == 2 and "'text'" in bad.stderr and "'json'" in bad.stderr  # a closed set, listed
+    helped = ddpsweep_here(tmp_path, "status", "--help").stdout
+    assert "--dashboard" in helped and "--address" not in helped  # the old name works, hidden
