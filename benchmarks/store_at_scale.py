@@ -2,11 +2,13 @@
 
     python benchmarks/store_at_scale.py                 # 100,000 rows (writing them takes a few minutes)
     python benchmarks/store_at_scale.py --rows 20000    # quicker
+    python benchmarks/store_at_scale.py --rows 9900 --no-http   # the CLI's latency on a packed store
 
 Rows are built through the real row schema (results.schema.row_table via Store.write_row) from the seed
 post's measurements, spread over clusters and sweeps of 100 rows. Printed, each measured in this run:
 1. `ddpsweep query "select count(*) from cells"` end to end (a subprocess): uncompacted (one file per
-   row), compacted (one file per sweep) and packed (one file per cluster, `ddpsweep compact`);
+   row), compacted (one file per sweep) and packed (one file per cluster, `ddpsweep compact`); then, on the
+   packed store, `ddpsweep --help` and that query interleaved 7 times (the console script, fresh processes);
 2. the previous sequential reader (one file after another) on a 5,000-file subset, and the current
    parallel reader on the same subset, as the reference;
 3. the HTTP API (`ddpsweep serve` in a subprocess) over the compacted store: median and p99 latency of
@@ -76,6 +78,24 @@ def cli_query(root: str, sql: str = "select count(*) from cells") -> tuple[float
         check=True,
     ).stdout
     return time.perf_counter() - start, out.strip().splitlines()[-1]
+
+
+def cli_latency(root: str, n: int = 7) -> None:
+    """`ddpsweep --help` and `ddpsweep query "select count(*) from cells"` end to end (the console script, each a
+    fresh process), interleaved n times: the medians and ranges."""
+    exe = str(Path(sys.executable).parent / "ddpsweep")
+    commands = {
+        "ddpsweep --help": [exe, "--help"],
+        "ddpsweep query count(*)": [exe, "query", "select count(*) from cells", "--results", root],
+    }
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    for _ in range(n):
+        for name, cmd in commands.items():
+            start = time.perf_counter()
+            subprocess.run(cmd, capture_output=True, check=True, cwd=tempfile.gettempdir())
+            times[name].append(time.perf_counter() - start)
+    for name, ts in times.items():
+        print(f"{name:<26} median {statistics.median(ts):5.2f} s  [{min(ts):.2f}, {max(ts):.2f}] over {n} runs")
 
 
 def sequential_reader(store: Store, paths: list[str]) -> float:
@@ -157,6 +177,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--keep", help="generate into (or reuse) this folder instead of a temporary one")
+    parser.add_argument("--no-http", action="store_true", help="skip the HTTP API section")
     args = parser.parse_args()
     random.seed(0)
     root = args.keep or tempfile.mkdtemp(prefix="ddpsweep-scale-")
@@ -195,7 +216,9 @@ def main() -> None:
             f"ddpsweep query count(*), {len(store.files())} files (a pack per cluster): {t_packed:6.2f} s -> {count3}"
         )
         assert count == count2 == count3, (count, count2, count3)
-        http_section(root, args.rows)
+        cli_latency(root)
+        if not args.no_http:
+            http_section(root, args.rows)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

@@ -23,11 +23,14 @@ import resource
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import pyarrow as pa
 
 from results.errors import QueryError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 MEMORY_BUDGET_BYTES = 2 * 2**30  # address space a query may add to what its process holds at the start
 MAX_RESULT_BYTES = 64 * 2**20  # Arrow bytes of one result (the rendered response is bounded by RENDER_FACTOR)

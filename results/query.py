@@ -14,18 +14,26 @@ Views: `results.views.VIEWS` names each and says what it holds.
 
 from __future__ import annotations
 
+import csv
+import datetime
+import decimal
+import io
 import json
+import math
 import os
 import threading
+from typing import TYPE_CHECKING
 
 import duckdb
-import pandas as pd
 import pyarrow as pa
 
-from results import analysis, costmodel, isolation, reader
+from results import isolation, reader
 from results.errors import QueryError, StoreNotFound
 from results.schema import SCHEMA
 from results.store import Store
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FORMATS = ("table", "csv", "json")
 QUERY_TIMEOUT_S = 30.0  # wall clock per query
@@ -37,16 +45,16 @@ def views(root: str, sql: str | None = None) -> dict[str, pd.DataFrame | object]
     """The query views of a store (arrow table for `cells`, DataFrames for the analyses); with `sql`, only
     those it can use (see views_of)."""
     store = Store.open(root)
-    return views_of(store.read_table(columns=_columns(sql)), store.read_calibration().to_pandas(), sql, root)
+    return views_of(store.read_table(columns=_columns(sql)), store.read_calibration(), sql, root)
 
 
 INTERVAL_COLUMNS = ["step_ms_ci_lo", "step_ms_ci_hi", "n_repeats", "n_steps"]
 CELL_FLAGS = ["round_drifted", "noisy"]
-ANALYSES = {
-    "cells_vs_baseline": analysis.with_baseline,
-    "u_curve": analysis.u_curve,
-    "no_sync_gain": analysis.no_sync_gain,
-    "gradient_checks": analysis.gradient_checks,
+ANALYSES = {  # view -> the results.analysis function that builds it (imported only when a query needs one)
+    "cells_vs_baseline": "with_baseline",
+    "u_curve": "u_curve",
+    "no_sync_gain": "no_sync_gain",
+    "gradient_checks": "gradient_checks",
 }
 
 
@@ -70,10 +78,11 @@ def _columns(sql: str | None) -> list[str] | None:
 
 
 def views_of(
-    table: pa.Table, calibration: pd.DataFrame, sql: str | None = None, root: str = "the store"
+    table: pa.Table, calibration: pd.DataFrame | pa.Table, sql: str | None = None, root: str = "the store"
 ) -> dict[str, pd.DataFrame | object]:
-    """The views over rows already read (the server keeps them in memory)."""
-    if table.num_rows == 0 and calibration.empty:
+    """The views over rows already read (the server keeps them in memory). pandas and the analyses are imported
+    only for a query that reaches an analysis view: `select count(*) from cells` needs neither."""
+    if table.num_rows == 0 and len(calibration) == 0:
         raise StoreNotFound(f"no results under {root!r}: run a sweep first (ddpsweep run SPEC --results {root})")
     out: dict[str, pd.DataFrame | object] = {"calibration": calibration}
     columns = _columns(sql)
@@ -81,6 +90,8 @@ def views_of(
         keep = set(reader.projection(columns).names)
         table = table.select([c for c in table.column_names if c in keep])
     rows = table.to_pandas() if _uses(sql, *INTERVAL_COLUMNS, *CELL_FLAGS, "cell_intervals", *ANALYSES) else None
+    if rows is not None:
+        from results import analysis
     if rows is not None and _uses(sql, *INTERVAL_COLUMNS, "cell_intervals"):
         out["cell_intervals"] = analysis.ok_cells(rows)[[*analysis.CONFIG_KEYS, *INTERVAL_COLUMNS]]
     if rows is not None and _uses(sql, *CELL_FLAGS):
@@ -88,17 +99,21 @@ def views_of(
         table = table.append_column("noisy", pa.array(analysis.noisy_rows(rows).to_numpy()))
     out["cells"] = table
     if _uses(sql, "alpha_beta"):
-        fits = costmodel.fits(calibration)
-        out["alpha_beta"] = fits.drop(columns=["curve_bytes", "curve_ms"], errors="ignore")
-    for name, compute in ANALYSES.items():
+        from results import costmodel
+
+        frame = calibration.to_pandas() if isinstance(calibration, pa.Table) else calibration
+        out["alpha_beta"] = costmodel.fits(frame).drop(columns=["curve_bytes", "curve_ms"], errors="ignore")
+    for name, function in ANALYSES.items():
         if rows is not None and _uses(sql, name):
-            out[name] = compute(rows)
+            out[name] = getattr(analysis, function)(rows)
     return out
 
 
 def _cells_view() -> str:
     """`cells`: every row, with its configuration's interval (the same on every repeat of it)."""
-    on = " AND ".join(f'c."{k}" IS NOT DISTINCT FROM i."{k}"' for k in analysis.CONFIG_KEYS)
+    from results.identity import CONFIG_KEYS
+
+    on = " AND ".join(f'c."{k}" IS NOT DISTINCT FROM i."{k}"' for k in CONFIG_KEYS)
     extra = ", ".join(f'i."{c}"' for c in INTERVAL_COLUMNS)
     return f'CREATE VIEW "cells" AS SELECT c.*, {extra} FROM "_cells" c LEFT JOIN "_cell_intervals" i ON {on}'
 
@@ -125,8 +140,8 @@ def sandboxed(frames: dict[str, object]) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB holding `frames` as views, then locked: no file, network or extension access."""
     con = duckdb.connect(":memory:", config=dict(_CONFIG))
     for name, frame in frames.items():
-        if isinstance(frame, pd.DataFrame) and frame.columns.empty:
-            frame = pd.DataFrame({"no_rows": pd.Series([], dtype=bool)})  # an analysis of no cells (calibration only)
+        if len(getattr(frame, "columns", [None])) == 0:  # an analysis of no cells (calibration only)
+            frame = pa.table({"no_rows": pa.array([], pa.bool_())})
         con.register(f"_{name}", frame)
         if name != "cells":
             con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM "_{name}"')
@@ -246,6 +261,78 @@ def query(
     return isolation.to_frame(table)
 
 
+def query_table(root: str, sql: str, *, timeout_s: float | None = None, max_rows: int | None = None) -> pa.Table:
+    """`query`, as an Arrow table (the CLI: no pandas unless the query reaches an analysis view)."""
+    check_read_only(sql)
+    timeout, limit = timeout_s or QUERY_TIMEOUT_S, max_rows or MAX_RESULT_ROWS
+    return query_arrow(sql, views(root, sql), timeout_s=timeout, max_rows=limit, root=root)
+
+
+def render_table(table: pa.Table, fmt: str) -> str:
+    """A result as text without pandas: CSV as `to_csv` writes it, JSON records, or an aligned table."""
+    if fmt not in FORMATS:
+        raise QueryError(f"format {fmt!r}: allowed: {', '.join(FORMATS)}")
+    names, rows = table.column_names, _python_rows(table)
+    if fmt == "json":
+        return json.dumps([dict(zip(names, map(_json_value, r), strict=True)) for r in rows], separators=(",", ":"))
+    if fmt == "csv":
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow([_cell_text(n) for n in names])
+        writer.writerows([[_csv_value(v) for v in r] for r in rows])
+        return buffer.getvalue()
+    if not rows:
+        return "(no rows)"
+    cells = [names, *([_shown(v) for v in r] for r in rows)]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(names))]
+    return "\n".join(" ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in cells)
+
+
+def _python_rows(table: pa.Table) -> list[tuple]:
+    """The rows as Python values; a column that has none (a date past year 9999, …) is a QueryError naming it."""
+    columns = []
+    for name in table.column_names:
+        try:
+            columns.append(table[name].to_pylist())
+        except (pa.ArrowException, ValueError, OverflowError, TypeError) as e:
+            raise QueryError(
+                f"column {name!r}: its type cannot be returned ({str(e)[:120]}); cast it to text"
+            ) from None
+    return list(zip(*columns, strict=True)) if columns else []
+
+
+def _json_value(v: object) -> object:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, datetime.date | datetime.time):
+        return v.isoformat()
+    if isinstance(v, decimal.Decimal):
+        return float(v)
+    if isinstance(v, datetime.timedelta):
+        return v.total_seconds()
+    if isinstance(v, list):
+        return [_json_value(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _json_value(x) for k, x in v.items()}
+    return v
+
+
+def _csv_value(v: object) -> object:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, list | dict):
+        return _json_cell(v)
+    return _cell_text(v)
+
+
+def _shown(v: object) -> str:
+    if v is None:
+        return "None"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
 def query_in_child(rows_ipc: str, calibration_ipc: str, sql: str, *, timeout_s: float, max_rows: int) -> pd.DataFrame:
     """Run `sql` over the rows and calibration in the two Arrow IPC files in a child process under
     results.isolation's limits (the child maps the server's cached rows and builds the views it needs, so the
@@ -303,6 +390,8 @@ def _plain(v: object) -> object:
 def to_csv(df: pd.DataFrame) -> str:
     """CSV with list columns (step times, bucket sizes, hosts) as JSON arrays, one row per line; text that
     starts with = + - @ (a spreadsheet formula) is prefixed with ' so it stays text."""
+    import pandas as pd
+
     out = df.copy()
     out.columns = [_cell_text(str(c)) for c in out.columns]  # SQL aliases are text a spreadsheet would run too
     for col in out.columns:

@@ -16,8 +16,8 @@ import re
 import urllib.parse
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
@@ -27,6 +27,9 @@ from results import reader
 from results.errors import LabelError, ResultsError, StoreFull, StoreNotFound, UnknownSelection
 from results.reader import FileStat
 from results.schema import CALIBRATION, conform_to, row_table
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 log = logging.getLogger(__name__)
 COMPACTED = "compacted.parquet"  # a sweep's rows in one file (in its folder), or a cluster's pack (in the cluster's)

@@ -24,8 +24,7 @@ def query(
 ) -> None:
     """The answer to one SQL SELECT over the results (DuckDB, read-only, sandboxed; at most 100000 rows)."""
     from results import isolation
-    from results.query import query as run_query
-    from results.query import render
+    from results.query import query_table, render_table
 
     def expired() -> None:  # an interrupt DuckDB did not honour, or views that ran past the limit
         echo(f"error: query exceeded the time limit of {timeout:g} s", err=True)
@@ -33,7 +32,7 @@ def query(
 
     try:
         with isolation.memory_limited(), isolation.hard_deadline(timeout + isolation.GRACE_S, expired):
-            echo(render(run_query(results, sql, timeout_s=timeout), fmt), data=fmt != "table")
+            echo(render_table(query_table(results, sql, timeout_s=timeout), fmt), data=fmt != "table")
     except DDPSweepError as e:
         raise fail(str(e)) from None
 

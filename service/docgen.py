@@ -37,13 +37,16 @@ def _cell(text: Any) -> str:
 
 
 def _default(f: dataclasses.Field) -> str:
+    """A field's default as YAML writes it (`[false]`, `null`), or `required`."""
+    import yaml
+
     if f.default is not dataclasses.MISSING:
         value = f.default
     elif f.default_factory is not dataclasses.MISSING:
         value = f.default_factory()
     else:
         return "required"
-    return f"`{value!r}`" if value is not None else "`null`"
+    return f"`{yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}`"
 
 
 def spec_docs() -> dict[str, tuple[str, str, str]]:
@@ -52,7 +55,8 @@ def spec_docs() -> dict[str, tuple[str, str, str]]:
 
     own = attribute_docs(SweepSpec)
     out = {}
-    for f in dataclasses.fields(SweepSpec):
+    fields = sorted(dataclasses.fields(SweepSpec), key=lambda f: f.name not in own)  # the spec's own keys first
+    for f in fields:
         knob = f.metadata.get("knob")
         if knob is not None and f.name not in own:
             kind = f"list of {knob.kind}" if knob.spec == "axis" else knob.kind
@@ -149,15 +153,10 @@ def sql_reference() -> str:
 
 
 def _param_row(p) -> str:
-    import click
-
     names = ", ".join(f"`{o}`" for o in [*p.opts, *p.secondary_opts])
-    if isinstance(p.type, click.Choice):
-        kind = " \\| ".join(str(c) for c in p.type.choices)
-    elif getattr(p, "is_flag", False):
-        kind = "flag"
-    else:
-        kind = p.type.name
+    # typer's own rendering (<table|csv|json>, <str>, <float range>); a metavar where the option names one
+    shown = p.metavar or p.display_type(None).strip("<>").replace("|", " | ")
+    kind = "flag" if getattr(p, "is_flag", False) else shown
     default = "" if p.default in (None, False, ()) or p.required else f"`{p.default}`"
     what = "required" if p.required else default
     return f"| {names} | {_cell(kind)} | {what} | {_cell(getattr(p, 'help', '') or '')} |"
@@ -172,9 +171,12 @@ def cli_commands() -> dict[str, Any]:
     return dict(sorted(typer.main.get_command(app).commands.items()))  # type: ignore[attr-defined]
 
 
-def cli_reference() -> str:
-    import click
+def options(cmd) -> list:
+    """A command's visible options (typer vendors its own click: classes are told apart by their kind)."""
+    return [p for p in cmd.params if p.param_type_name == "option" and not p.hidden]
 
+
+def cli_reference() -> str:
     lines = [
         "# CLI reference",
         "",
@@ -183,8 +185,8 @@ def cli_reference() -> str:
     ]
     for name, cmd in cli_commands().items():
         lines += [f"## `ddpsweep {name}`", "", inspect.cleandoc(cmd.help or ""), ""]
-        args = [p for p in cmd.params if isinstance(p, click.Argument)]
-        opts = [p for p in cmd.params if isinstance(p, click.Option) and not p.hidden]
+        args = [p for p in cmd.params if p.param_type_name == "argument"]
+        opts = options(cmd)
         for a in args:
             lines.append(f"Argument `{a.name.upper()}`: {_cell(getattr(a, 'help', '') or '')}")
         if args:

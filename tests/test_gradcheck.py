@@ -100,10 +100,11 @@ LAYOUTS = {
 def test_ddp_is_exact_within_the_tolerance_across_bucket_layouts_and_sync_patterns(tmp_path, world):
     """Bucket layouts, the first bucket, bucket views, gas and no_sync reorder the fp32 sum; 3 ranks make DDP's
     division by W inexact. Every one stays within the bound, which is also tight enough to matter (< 1e-5)."""
-    cfgs = [dataclasses.replace(BASE, timed_steps=2, **kw) for kw in LAYOUTS.values()]
+    names = [*LAYOUTS] if world == 2 else ["many-buckets", "sync-every-micro-step", "no_sync"]  # W=3: the division
+    cfgs = [dataclasses.replace(BASE, timed_steps=2, **LAYOUTS[n]) for n in names]
     cfgs.append(dataclasses.replace(RECSYS, bucket_cap_mb=0.001, timed_steps=2))
     out = run_world(checked, world, tmp_path, cfgs)
-    for name, m in zip([*LAYOUTS, "recsys"], out[0], strict=True):
+    for name, m in zip([*names, "recsys"], out[0], strict=True):
         assert m.grad_check == "exact", (name, m.grad_rel_error, m.grad_tol)
         assert 0 < m.grad_rel_error <= m.grad_tol < 1e-5, name
         assert m.grad_check_ms > 0 and m.replicas_in_sync
