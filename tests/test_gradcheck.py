@@ -210,3 +210,22 @@ def test_compressing_configurations_carry_their_error_into_recommend():
     assert n["grad_rel_error"] == pytest.approx(3.015e-4) and n["grad_rel_error_range"] == [3.0e-4, 3.03e-4]
     assert "gradient error 3.0e-04 [3.0e-04, 3.0e-04] over 4 checks" in rec["verdict"]
     assert "approximate (a compressing hook)" in recommend.to_text([rec])
+
+
+def test_the_sweep_page_and_the_report_show_a_failed_configuration_with_its_error(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from results.report import render_html
+    from results.store import Store
+    from service.api import ServiceSettings, create_app
+
+    rows = curve_with_a_failed_bucket()
+    store = Store.open(str(tmp_path))
+    for r in rows.to_dict("records"):
+        store.write_row(r | {"sweep_id": "s", "cell_id": f"{r['cell_id']}".replace(".", "p")})
+    client = TestClient(create_app(ServiceSettings(address=None, results=str(tmp_path), token="t")))
+    page = client.get("/ui/sweep/a/s").text
+    assert "1 configuration(s) failed the gradient check" in page and "Gradient check" in page
+    assert "left out: bucket_cap_mb=0.25" in page and "0.0001" in page  # the error, in the table
+    report = render_html(rows, "r")
+    assert "Gradient check" in report and "left out: bucket_cap_mb=0.25" in report
