@@ -94,15 +94,15 @@ KNOB_LINE = re.compile(r'_knob_column\(BY_NAME\["(\w+)"\]\),?\s*(?:#\s*(.*))?$')
 def column_docs() -> dict[str, str]:
     """Every row column's documentation: the comment beside it in results/schema.py, else its knob's doc."""
     from results.schema import SCHEMA
-    from trainers.knobs import BY_NAME, STEP_KNOBS
+    from sweeps.spec import knob_docs
 
     comments: dict[str, str] = {}
     for line in (ROOT / "results" / "schema.py").read_text().splitlines():
         m = FIELD_LINE.search(line) or KNOB_LINE.search(line)
         if m and m.group(2):
             comments.setdefault(m.group(1), m.group(2).strip())
-    knob_docs = {k.name: k.doc for k in STEP_KNOBS} | {n: BY_NAME[n].doc for n in BY_NAME}
-    return {f.name: comments.get(f.name) or knob_docs.get(f.name, "") for f in SCHEMA}
+    knobs = knob_docs()
+    return {f.name: comments.get(f.name) or knobs.get(f.name, "") for f in SCHEMA}
 
 
 def schema_reference() -> str:
@@ -226,7 +226,8 @@ def http_reference() -> str:
 
 def errors_reference() -> str:
     from results import errors as results_errors
-    from trainers import errors as trainer_errors
+
+    root_errors = inspect.getmodule(results_errors.DDPSweepError)  # the tree's root module (documents the tree)
 
     return "\n".join(
         [
@@ -246,7 +247,7 @@ def errors_reference() -> str:
             "## The error tree",
             "",
             "```",
-            inspect.cleandoc(trainer_errors.__doc__ or "").split("\n\n", 1)[1],
+            inspect.cleandoc(getattr(root_errors, "__doc__", None) or "").split("\n\n", 1)[1],
             "",
             inspect.cleandoc(results_errors.__doc__ or "").split("\n\n", 1)[1].split("\n\n")[0],
             "```",

@@ -38,7 +38,7 @@ from sweeps.speccheck import (
 )
 from trainers.config import StepConfig, canonical_args
 from trainers.errors import ConfigError
-from trainers.knobs import GRID_AXES, SPEC_AXES, SPEC_SETTINGS, Knob, check
+from trainers.knobs import GRID_AXES, KNOBS, SPEC_AXES, SPEC_SETTINGS, Knob, check
 from trainers.presets import PRESETS
 
 
@@ -398,3 +398,9 @@ def spec_from_dict(data: Any, source: str = "spec") -> SweepSpec:
             for k, vs in data["env_grid"].items()
         }
     return SweepSpec(**data)
+
+
+def knob_docs() -> dict[str, str]:
+    """Every knob's documentation (trainers.knobs), by name: what the generated references print beside a column
+    (service reads the table through sweeps, never trainers directly)."""
+    return {k.name: k.doc for k in KNOBS}

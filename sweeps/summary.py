@@ -123,7 +123,8 @@ def summary_text(rows: pd.DataFrame) -> str:
         best = grp.loc[grp["step_ms"].idxmin()]
         same = analysis.indistinguishable(grp, best) if pd.notna(best["bucket_cap_mb"]) else []
         lines.append(_where(dict(zip(LINE_KEYS, key, strict=True)), table) + ": " + _curve_line(grp, best, same))
-    return "\n".join(lines + _decision_lines(rows) + _flag_lines(rows) + _noise_lines(rows))
+    cells = analysis.ok_cells(rows)  # once: the check and noise lines read the same configurations
+    return "\n".join(lines + _decision_lines(rows) + _flag_lines(rows, cells) + _noise_lines(cells))
 
 
 def _decision_lines(rows: pd.DataFrame) -> list[str]:
@@ -163,7 +164,7 @@ def _cell(r) -> str:
     return out + (f" {knobs}" if knobs else "")
 
 
-def _flag_lines(rows: pd.DataFrame) -> list[str]:
+def _flag_lines(rows: pd.DataFrame, cells: pd.DataFrame) -> list[str]:
     out = []
     drifted, noisy = analysis.drifted_rounds(rows), analysis.noisy_rows(rows)
     if drifted.any():
@@ -174,7 +175,7 @@ def _flag_lines(rows: pd.DataFrame) -> list[str]:
             f"drift: {int(drifted.sum())} measurement(s) in {len(rounds)} round(s) whose control moved "
             f"beyond its noise (kept: comparisons within a group are round-blocked): {rounds}"
         )
-    out += _check_lines(rows)
+    out += _check_lines(rows, cells)
     slowed = analysis.planted(rows)
     if slowed.any():
         out.append(f"planted: {int(slowed.sum())} measurement(s) slowed on purpose (DDPSWEEP_SLOWDOWN) left out")
@@ -187,7 +188,7 @@ def _flag_lines(rows: pd.DataFrame) -> list[str]:
     return out
 
 
-def _check_lines(rows: pd.DataFrame) -> list[str]:
+def _check_lines(rows: pd.DataFrame, cells: pd.DataFrame) -> list[str]:
     """The gradient check: each configuration that failed it (left out of every figure above, with its error),
     and the error of each compressing configuration."""
     out = []
@@ -196,7 +197,6 @@ def _check_lines(rows: pd.DataFrame) -> list[str]:
             f"gradient check FAILED: {_cell(r)} in {r.failed} of {r.measured} measurement(s), error "
             f"{r.grad_rel_error:.2e} > tolerance {r.grad_tol:.2e}: its sum is wrong (left out above)"
         )
-    cells = analysis.ok_cells(rows)
     for r in cells[cells["grad_check"] == "approximate"].itertuples():
         out.append(
             f"gradient check approximate: {_cell(r)}: error {r.grad_rel_error:.1e} "
@@ -205,8 +205,7 @@ def _check_lines(rows: pd.DataFrame) -> list[str]:
     return out
 
 
-def _noise_lines(rows: pd.DataFrame) -> list[str]:
-    cells = analysis.ok_cells(rows)
+def _noise_lines(cells: pd.DataFrame) -> list[str]:
     width = [
         rel_width(lo, hi, m)
         for lo, hi, m in zip(cells["step_ms_ci_lo"], cells["step_ms_ci_hi"], cells["step_ms"], strict=True)

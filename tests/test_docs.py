@@ -134,3 +134,12 @@ def test_a_packaged_spec_runs_by_name_and_the_old_spellings_still_work(tmp_path)
     assert bad.returncode == 2 and "'text'" in bad.stderr and "'json'" in bad.stderr  # a closed set, listed
     helped = ddpsweep_here(tmp_path, "status", "--help").stdout
     assert "--dashboard" in helped and "--address" not in helped  # the old name works, hidden
+
+
+def test_ci_runs_the_test_command_the_readme_gives():
+    readme = (ROOT / "README.md").read_text()
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    assert ci[-1] == "make test" and "make test" in readme  # the same command, after the set-up it performs
+    makefile = (ROOT / "Makefile").read_text()
+    test_recipe = makefile[makefile.index("\ntest:") :].split("\n\n")[0]
+    assert "$(STAMP)" in test_recipe and "python -m pytest -q" in test_recipe and "python -m pytest -q" in readme

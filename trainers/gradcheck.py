@@ -28,7 +28,7 @@ and `tolerance` is that bound over ||ref||. It assumes each rank's backward comp
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
@@ -51,12 +51,7 @@ class GradCheck:
     grad_check_ms: float | None = None  # what the check cost: both passes and the fp64 reduction
 
     def to_dict(self) -> dict:
-        return {
-            "grad_check": self.grad_check,
-            "grad_rel_error": self.grad_rel_error,
-            "grad_tol": self.grad_tol,
-            "grad_check_ms": self.grad_check_ms,
-        }
+        return asdict(self)
 
 
 def roundings(world: int, gas: int) -> int:
