@@ -5,14 +5,15 @@
 #                calibrate, trace_comm
 #   2_timing     one DDP cell timed by sync, events and loop, interleaved, 5 rounds
 #   3_hooks      comm hooks none/bf16/powersgd;  3_workload: a user workload;  3_isolation: the cell alone
+#   4_compile    eager vs torch.compile x optimize_ddp {ddp_optimizer, python_reducer}, buckets 1 and 25 MB
 # Every DDP measurement also checks its gradient (trainers.gradcheck): exact under NCCL with bf16 autocast for
 # hook none, the bf16 and PowerSGD hooks' errors; the summary has a section for it.
 # then `ddpsweep report` and `ddpsweep recommend`, and a markdown summary (benchmarks/gpu_summary.py).
 # REHEARSAL=1 runs the same flow on CPU (tiny model, gloo, fp16 for bf16) to check the script itself.
 # Everything lands under $OUT (default build/gpu-check): results/, report.html, recommend.json, summary.md.
 # Packages the machine lacks (Ray, ...) come from build/device_bundle.tar.xz (benchmarks/device_bundle.sh).
-# The parts' limits add up to 335 s (+ 60 s at most for part 0, typically seconds), report and recommend
-# ~20 s: within 6 minutes. Part 0 (benchmarks/gpu_calibration_path.py) runs the calibration code on a 1-rank
+# The parts' limits add up to 575 s (4_compile: 240 s, Inductor compiling five wrappers of gpt2-124m) (+ 60 s at most for part 0, typically seconds), report and recommend
+# ~20 s: within 10 minutes. Part 0 (benchmarks/gpu_calibration_path.py) runs the calibration code on a 1-rank
 # NCCL group outside Ray: a sweep calibrates only groups of >= 2 ranks, which one GPU cannot form.
 # On this project's lent H200: `make device-bundle` here, then the device tool with
 #   command "make gpu-check OUT=$OUT/gpu-check", carry ["build/device_bundle.tar.xz"]
@@ -27,7 +28,8 @@ if [ "${REHEARSAL:-0}" = 1 ]; then  # the same flow on CPU (tiny model, gloo): c
   for f in benchmarks/gpu_check/*.yaml; do
     sed -e 's/^model: gpt2-124m/model: tiny/' -e 's/^micro_batch: 12$/micro_batch: 4/' -e 's/^seq_len: 1024/seq_len: 32/' \
       -e 's/^backend: nccl/backend: gloo/' -e 's/^use_gpu: true/use_gpu: false/' -e 's/^cpus_per_worker: 4/cpus_per_worker: 1/' \
-      -e 's/bf16/fp16/' -e 's/^cluster: gpu-check/cluster: gpu-check-rehearsal/' "$f" >"$specs/$(basename "$f")"
+      -e 's/bf16/fp16/' -e 's/^cluster: gpu-check/cluster: gpu-check-rehearsal/' \
+      -e 's/^compile_backend: inductor/compile_backend: aot_eager/' "$f" >"$specs/$(basename "$f")"
   done
 elif ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   echo "make gpu-check needs a CUDA GPU (torch.cuda.is_available() is not True here): nothing run"
@@ -53,6 +55,7 @@ sweep 2_timing 65
 sweep 3_hooks 40
 sweep 3_workload 40
 sweep 3_isolation 80
+sweep 4_compile 240
 "$PY" -m service.cli report --results "$results" --out "$OUT/report.html" >"$OUT/report.log" 2>&1
 "$PY" -m service.cli recommend --results "$results" --format json >"$OUT/recommend.json" 2>"$OUT/recommend.log"
 "$PY" -m service.cli recommend --results "$results" >"$OUT/recommend.txt" 2>&1

@@ -128,6 +128,24 @@ def grad_check_lines(rows: pd.DataFrame) -> list[str]:
     return out
 
 
+def compile_lines(rows: pd.DataFrame) -> list[str]:
+    """Compiled cells: step against the eager cell at the same bucket, compiling's cost, graphs, collectives."""
+    if "compile" not in rows or not rows["compile"].fillna(False).astype(bool).any():
+        return ["- no compiled cell"]
+    ok = rows[(rows["status"] == "ok") & (rows["mode"] == "ddp")]
+    eager = ok[~ok["compile"].fillna(False).astype(bool)].groupby("bucket_cap_mb")["step_ms"].median()
+    out = []
+    for (mode, bucket), g in ok[ok["compile"].fillna(False).astype(bool)].groupby(["optimize_ddp", "bucket_cap_mb"]):
+        ratio = g["step_ms"].median() / eager[bucket] if bucket in eager else float("nan")
+        out.append(
+            f"- {mode} @ {bucket:g} MB: {g['step_ms'].median():.1f} ms ({ratio:.2f}x eager), compile "
+            f"{g['compile_s'].median():.1f} s, {int(g['compiled_graphs'].max())} graphs, recompiles in timed steps "
+            f"{int(g['recompiles_timed'].max())}, {int(g['collectives_per_step'].median())} all-reduces/step, "
+            f"gradient {g['grad_check'].iloc[0]} ({g['grad_rel_error'].median():.1e})"
+        )
+    return out
+
+
 def summary(root: str, calibration_path: str | None = None) -> str:
     rows = load(root)
     parts = [f"# make gpu-check, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC", "", "## Device", *device_lines(rows)]
@@ -135,6 +153,7 @@ def summary(root: str, calibration_path: str | None = None) -> str:
     parts += ["", "## Timing methods (DDP cell, step ÷ sync's, round-blocked 95% interval)", *timing_lines(rows)]
     parts += ["", "## One cell alone vs inside a group (issue 21)", *isolation_lines(rows)]
     parts += ["", "## Gradient check (exact within the fp32 bound | approximate | failed)", *grad_check_lines(rows)]
+    parts += ["", "## Compiled steps (torch.compile, Inductor)", *compile_lines(rows)]
     parts += ["", "## Calibration", *calibration_lines(root, calibration_path), "", "## Errors", *error_lines(rows)]
     return "\n".join(parts) + "\n"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from trainers.knobs import KNOBS, MEASURE, SWEPT, UNSET, WORKLOAD, Knob, show
+from trainers.knobs import COMPILE, KNOBS, MEASURE, SWEPT, UNSET, WORKLOAD, Knob, show
 
 CONFIGURATION: list[str] = [k.name for k in KNOBS]
 """Every knob: the configuration a row measured (row columns of the same names)."""
@@ -18,9 +18,10 @@ CONFIG_KEYS: list[str] = ["cluster", "sweep_id", *CONFIGURATION, "device_type"]
 BASELINE_KEYS: list[str] = [
     "cluster",
     "sweep_id",
-    *(k.name for k in KNOBS if k.scope in (WORKLOAD, MEASURE) and k.applies is None),
+    *(k.name for k in KNOBS if (k.scope in (WORKLOAD, MEASURE) and k.applies is None) or k.scope == COMPILE),
 ]
-"""What a single-process baseline shares with the DDP cells it is the baseline of (gas is matched apart)."""
+"""What a single-process baseline shares with the DDP cells it is the baseline of (gas is matched apart): a
+compiled cell's baseline is compiled the same way."""
 CURVE_KEYS: list[str] = [k for k in CONFIG_KEYS if k != SWEPT]
 """One U-curve: everything but the bucket fixed."""
 CHOSEN: list[Knob] = [k for k in KNOBS if k.chosen]

@@ -92,7 +92,7 @@ def _curve(curve: dict, grp: pd.DataFrame, env: dict[str, str]) -> dict:
         "default": None if default is None else _config(default) | _timing(default) | {"numerics": numerics(default)},
         "default_note": default_note,
     }
-    out |= _gain(best, default) | _resolution(grp, best)
+    out |= _gain(best, default) | _resolution(grp, best) | _compiled_defaults(grp, best)
     verdict = _exact_unless_separated(_verdict(out, best, default), out, grp, best)
     if default is not None and 1 < out["n_repeats"] < MIN_ROUNDS:
         verdict = _too_few_rounds(out, best, default)
@@ -103,6 +103,20 @@ def _curve(curve: dict, grp: pd.DataFrame, env: dict[str, str]) -> dict:
     env = env | json.loads(out["recommended"]["env_grid"])
     out["snippet"] = snippet(out["recommended"], int(curve["gas"]), env, cuda=curve.get("device_type") == "cuda")
     return out
+
+
+def _compiled_defaults(grp: pd.DataFrame, best: pd.Series) -> dict:
+    """Where the curve has compiled cells: PyTorch's defaults compiled (ddp_optimizer) and the best's gain over
+    them with its interval, beside the gain over the eager defaults."""
+    if not grp["compile"].astype(bool).any():
+        return {}
+    cell, note = _default_cell(_at_default_knobs(grp, compile=True))
+    gain = _gain(best, cell)
+    return {
+        "compiled_default": None if cell is None else _config(cell) | _timing(cell),
+        "compiled_default_note": note.replace("PyTorch's defaults", "PyTorch's defaults compiled", 1),
+        "gain_over_compiled": gain,
+    }
 
 
 def _too_few_rounds(out: dict, best: pd.Series, default: pd.Series) -> Verdict:
@@ -116,12 +130,16 @@ def _too_few_rounds(out: dict, best: pd.Series, default: pd.Series) -> Verdict:
     return Verdict(text, _config(default))
 
 
-def _at_default_knobs(grp: pd.DataFrame) -> pd.DataFrame:
-    """The cells whose chosen knobs other than bucket, bucket view and no_sync are PyTorch's defaults."""
+def _at_default_knobs(grp: pd.DataFrame, **given: object) -> pd.DataFrame:
+    """The cells whose chosen knobs other than bucket, bucket view and no_sync are PyTorch's defaults (or read
+    null: they do not apply, e.g. optimize_ddp in an eager cell), those in `given` at the values given."""
     keep = pd.Series(True, index=grp.index)
-    for k, v in DEFAULTS.items():
-        if k not in TRIO:
-            keep &= grp[k].isna() if v is None else grp[k] == v
+    for k in identity.CHOSEN:
+        if k.name in TRIO:
+            continue
+        v = given.get(k.name, k.pytorch_default)
+        off = grp[k.name].isna() if k.applies is not None and k.value_off is None else False
+        keep &= grp[k.name].isna() if v is None else (grp[k.name] == v) | off
     return grp[keep]
 
 
@@ -246,8 +264,9 @@ def snippet(cfg: dict, gas: int, env: dict[str, str], *, cuda: bool = True) -> s
     ]
     if cfg["first_bucket_mb"] is not None:  # PyTorch 2.13: per-bucket caps, the first one smaller
         kwargs.append(f"bucket_cap_mb_list=[{cfg['first_bucket_mb']:g}, {cfg['bucket_cap_mb']:g}]")
+    lines += _compile_mode_lines(cfg)
     lines.append(f"model = DistributedDataParallel(model, {', '.join(kwargs)})")
-    lines += _hook_lines(cfg)
+    lines += _hook_lines(cfg) + _compile_lines(cfg)
     if cfg["no_sync"] and gas > 1:
         lines += [
             f"# {gas} micro-steps per optimizer step: all-reduce only on the last (DDP's no_sync())",
@@ -258,6 +277,29 @@ def snippet(cfg: dict, gas: int, env: dict[str, str], *, cuda: bool = True) -> s
             "optimizer.step()",
         ]
     return "\n".join(lines)
+
+
+def _compile_mode_lines(cfg: dict) -> list[str]:
+    """Before wrapping: DDP reads optimize_ddp when it is constructed (the Python reducer) and when it compiles."""
+    if not cfg.get("compile"):
+        return []
+    lines = [f'torch._dynamo.config.optimize_ddp = "{cfg["optimize_ddp"]}"']
+    if cfg["optimize_ddp"] == "python_reducer":
+        lines.append("torch._dynamo.config.compiled_autograd = True  # the Python reducer needs compiled autograd")
+    return lines
+
+
+def _compile_lines(cfg: dict) -> list[str]:
+    """After wrapping: compile the DDP-wrapped model (PyTorch's documented order)."""
+    if not cfg.get("compile"):
+        return []
+    args = [f'backend="{cfg["compile_backend"]}"'] if cfg["compile_backend"] != "inductor" else []
+    args += [f'mode="{cfg["compile_mode"]}"'] if cfg["compile_mode"] not in (None, "default") else []
+    line = f"model = torch.compile({', '.join(['model', *args])})"
+    if cfg["optimize_ddp"] == "python_reducer":
+        line += "  # call loss.backward() inside a torch.compile'd function, or within"
+        return [line, "# torch._dynamo.compiled_autograd._enable(torch.compile) around each micro-step, as measured"]
+    return [line]
 
 
 def _hook_lines(cfg: dict) -> list[str]:
@@ -331,7 +373,8 @@ def _timing(r: pd.Series) -> dict:
 
 
 SPELLED = {"bucket_cap_mb", "gradient_as_bucket_view", "no_sync", "comm_hook", "powersgd_rank", "first_bucket_mb"}
-SPELLED |= {"env_grid", "powersgd_start_iter"}  # knobs describe words itself; every other one reads k=v
+SPELLED |= {"env_grid", "powersgd_start_iter", "compile", "optimize_ddp", "compile_backend", "compile_mode"}
+# the knobs describe words itself; every other one reads k=v
 
 
 def describe(cfg: dict) -> str:
@@ -342,9 +385,19 @@ def describe(cfg: dict) -> str:
         extra.append(f"first bucket {cfg['first_bucket_mb']:g} MB")
     if cfg["comm_hook"] != "none":
         extra.append(f"comm hook {_compression(cfg)}")
+    if cfg.get("compile"):
+        extra.append(f"torch.compile ({_compiled_as(cfg)})")
     if cfg["env_grid"] != "{}":
         extra.append(" ".join(f"{k}={v}" for k, v in json.loads(cfg["env_grid"]).items()))
     return text + "".join(f", {e}" for e in extra) + sync
+
+
+def _compiled_as(cfg: dict) -> str:
+    """`optimize_ddp ddp_optimizer` and the backend and mode where they are not torch's defaults."""
+    parts = [f"optimize_ddp {cfg['optimize_ddp']}"] if cfg.get("optimize_ddp") else []
+    parts += [] if cfg.get("compile_backend") in (None, "inductor") else [f"backend {cfg['compile_backend']}"]
+    parts += [] if cfg.get("compile_mode") in (None, "default") else [f"mode {cfg['compile_mode']}"]
+    return ", ".join(parts) or "defaults"
 
 
 def _pct(x: float | None) -> str:
@@ -392,6 +445,8 @@ def to_text(recs: list[dict]) -> str:
         timing += f", {b['samples_per_s']:.1f} samples/s"
         same = "; ".join(describe(c) for c in r["indistinguishable"])
         lines = [head, f"  {r['verdict']}", timing, f"  compared with: {r['default_note']}"]
+        if r.get("gain_over_compiled"):
+            lines.append(f"  compiled: {_compiled_gain_text(r)}")
         lines += [
             f"  indistinguishable from the best: {same}",
             f"  gradient check: {r.get('gradient_check') or check_text(r)}",
@@ -399,6 +454,14 @@ def to_text(recs: list[dict]) -> str:
         lines += [f"  left out: {describe(c)}: {c['reason']}" for c in r.get("excluded", [])]
         blocks.append("\n".join(lines + ["  " + line for line in r["snippet"].splitlines()]))
     return "\n\n".join(blocks)
+
+
+def _compiled_gain_text(r: dict) -> str:
+    """The best against PyTorch's defaults compiled, as to_text prints it."""
+    g = r["gain_over_compiled"]
+    if g["gain"] is None:
+        return r["compiled_default_note"]
+    return f"{_gain_text(g)} throughput over {r['compiled_default_note']}"
 
 
 def check_text(r: dict) -> str:

@@ -99,6 +99,10 @@ MEASUREMENT = [
     pa.field("grad_rel_error", pa.float64()),  # DDP's gradient vs the fp64 reference: relative L2 error
     pa.field("grad_tol", pa.float64()),  # the relative error fp32 reduction order explains (trainers.gradcheck)
     pa.field("grad_check_ms", pa.float64()),  # the check's cost, after the timed steps
+    pa.field("compile_s", pa.float64()),  # compiled cells: the warm-up steps that compiled (first and recompiles), s
+    pa.field("compiled_graphs", pa.int32()),  # compiled cells: graphs the backend compiled (ddp_optimizer: splits)
+    pa.field("recompiles_timed", pa.int32()),  # compiled cells: frames compiled inside the timed steps (must be 0)
+    pa.field("collectives_per_step", pa.int32()),  # all-reduce calls in one untimed step after warm-up (profiler)
     pa.field("trial_wall_s", pa.float64()),  # this measurement on its worker group: setup to row, no group start
 ]
 

@@ -272,7 +272,7 @@ def _submit(settings: ServiceSettings, text: str, cluster: str | None) -> dict:
     sweep_id, job_id = jobs.submit(
         text, spec, address=settings.address, cluster=cluster, results=settings.results, workdir=workdir
     )
-    return {"sweep_id": sweep_id, "job_id": job_id, "warnings": spec.unused()}
+    return {"sweep_id": sweep_id, "job_id": job_id, "warnings": spec.warnings()}
 
 
 def add_sweep_routes(app: FastAPI, settings: ServiceSettings, auth, read_auth: list) -> None:

@@ -42,7 +42,7 @@ def _warn_risky_env(spec) -> None:
         why = envvars.warning(path.partition(".")[2])
         if why:
             echo(f"warning: {path}: {why}", err=True)
-    for line in spec.unused():  # settings given that change nothing: said, not silently ignored
+    for line in spec.warnings():  # settings given that change nothing: said, not silently ignored
         echo(f"warning: {line}", err=True)
 
 

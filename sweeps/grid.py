@@ -49,12 +49,14 @@ class Cell:
 
         The hash is over the flat configuration (every knob of trainers.knobs) as ddpsweep first stored it,
         so ids of stored sweeps stay valid: knobs added since (`hashed: changed`) join it only when they
-        differ from their defaults, the fingerprint only for user workloads (`Knob.hashed`).
+        differ from their defaults (or read their `off` value: they do not apply), the fingerprint only for user
+        workloads (`Knob.hashed`).
         """
         flat = asdict(self.step) | {"world_size": self.world_size, "num_nodes": self.num_nodes, "backend": self.backend}
         flat["env_grid"] = self.env
         for knob in KNOBS:
-            unchanged = knob.hashed == CHANGED and flat[knob.name] == knob.default
+            value = flat[knob.name]
+            unchanged = knob.hashed == CHANGED and (value == knob.default or value == knob.value_off)
             if unchanged or (knob.hashed == USER_WORKLOAD and self.step.workload is None):
                 del flat[knob.name]
         if "env_grid" in flat:  # hashed under the name it first had
@@ -201,17 +203,20 @@ _BUCKET = [k.name for k in GRID_AXES].index("bucket_cap_mb")
 
 
 def expand(spec: SweepSpec) -> list[Cell]:
-    """Baselines first (one per gas and timing), then the DDP grid; duplicates (e.g. no_sync at gas 1) dropped."""
+    """Baselines first (one per gas, timing and compile), then the DDP grid; duplicates (e.g. no_sync at gas 1,
+    optimize_ddp in eager cells) dropped."""
     what = workload_fields(spec)
-    cells = [_cell(spec, mode="single", gas=g, what=what, timing=t) for g, t in product(sorted(spec.gas), spec.timing)]
+    cells = [
+        _cell(spec, mode="single", gas=g, what=what, timing=t, compile=c)
+        for g, t, c in product(sorted(spec.gas), spec.timing, spec.compile)
+    ]
     knobs = _ddp_knobs(spec)
-    for (w, n), env, mode, g, ns, t in product(
-        spec.placements(), env_combinations(spec), spec.modes, spec.gas, spec.no_sync, spec.timing
+    for (w, n), env, mode, g, ns, t, c in product(
+        spec.placements(), env_combinations(spec), spec.modes, spec.gas, spec.no_sync, spec.timing, spec.compile
     ):
         for k in knobs if mode == "ddp" else knobs[:1]:
-            cells.append(
-                _cell(spec, mode=mode, world_size=w, num_nodes=n, gas=g, no_sync=ns, env=env, what=what, timing=t, **k)
-            )
+            place = {"world_size": w, "num_nodes": n, "env": env}
+            cells.append(_cell(spec, mode=mode, gas=g, no_sync=ns, what=what, timing=t, compile=c, **place, **k))
     seen: dict[str, Cell] = {}
     for c in cells:
         seen.setdefault(c.cell_id, c)

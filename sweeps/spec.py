@@ -38,7 +38,7 @@ from sweeps.speccheck import (
 )
 from trainers.config import StepConfig, canonical_args
 from trainers.errors import ConfigError
-from trainers.knobs import GRID_AXES, KNOBS, SPEC_AXES, SPEC_SETTINGS, Knob, check
+from trainers.knobs import GRID_AXES, KNOBS, OPTIMIZE_DDP, SPEC_AXES, SPEC_SETTINGS, Knob, check
 from trainers.presets import PRESETS
 
 
@@ -179,6 +179,9 @@ class SweepSpec(_SpecKnobs):
                 for n in ("powersgd_rank", "powersgd_start_iter")
                 if getattr(self, n) != ([1] if n == "powersgd_rank" else 2)
             ]
+        if True not in self.compile:
+            given = {"optimize_ddp": [OPTIMIZE_DDP[0]], "compile_backend": "inductor", "compile_mode": "default"}
+            out += [f"{n}: no effect without compile: [true]" for n, v in given.items() if getattr(self, n) != v]
         if self.workload_args and self.workload is None:
             out.append("workload_args: no effect without workload (the preset takes no arguments)")
         if self.search == "race" and len(self.bucket_cap_mb) < 2:
@@ -186,6 +189,31 @@ class SweepSpec(_SpecKnobs):
         if self.modes == ["naive"]:
             ddp = [k.name for k in GRID_AXES if getattr(self, k.name) != [k.default]]
             out += [f"{n}: no effect with modes [naive] (a DDP setting)" for n in ddp]
+        return out
+
+    def warnings(self) -> list[str]:
+        """What the CLI and the API warn about before a sweep: settings with no effect (`unused`), then
+        combinations known to fail, measured anyway as error rows (a user may want to see them)."""
+        return self.unused() + self.known_failures()
+
+    def known_failures(self) -> list[str]:
+        """One line per compiled combination PyTorch is known to refuse (each becomes an error row)."""
+        if True not in self.compile or self.modes == ["naive"]:
+            return []
+        out = []
+        small = [b for b in self.bucket_cap_mb if b < 1]
+        if "ddp_optimizer" in self.optimize_ddp and small:
+            out.append(
+                f"optimize_ddp ddp_optimizer with bucket_cap_mb {', '.join(f'{b:g}' for b in small)}: known to "
+                "fail (DDPOptimizer's first bucket is 1 MiB and must not exceed the cap: AssertionError 'First "
+                "bucket should be smaller/equal to other buckets'); those cells become error rows"
+            )
+        hooked = [h for h in self.comm_hook if h != "none"] + (["trace_comm"] if self.trace_comm else [])
+        if "python_reducer" in self.optimize_ddp and hooked:
+            out.append(
+                f"optimize_ddp python_reducer with {', '.join(hooked)}: known to fail (the Python reducer calls a "
+                "comm hook per parameter, not per bucket); those cells become error rows"
+            )
         return out
 
     def placements(self) -> list[tuple[int, int]]:
@@ -197,17 +225,20 @@ class SweepSpec(_SpecKnobs):
 
 
 def cells_planned(spec: SweepSpec) -> int:
-    """The cells the grid expands to (sweeps.grid.expand), counted without expanding it: baselines (one per gas
-    and timing), then per placement, environment, timing and gas: no_sync only where gas > 1, naive once, and
-    DDP once per combination of its axes, PowerSGD's rank crossed with `powersgd` only."""
+    """The cells the grid expands to (sweeps.grid.expand), counted without expanding it: baselines (one per gas,
+    timing and compile), then per placement, environment, timing and gas: no_sync only where gas > 1, naive once
+    per compile value, and DDP once per combination of its axes, PowerSGD's rank crossed with `powersgd` only,
+    optimize_ddp with compiled cells only."""
     hooks = [h for h in spec.comm_hook if h != "powersgd"]
     hook_combos = len(hooks) + (len(spec.powersgd_rank) if "powersgd" in spec.comm_hook else 0)
-    others = math.prod(len(getattr(spec, k.name)) for k in GRID_AXES if k.name not in ("comm_hook", "powersgd_rank"))
-    per_mode = sum(hook_combos * others if m == "ddp" else 1 for m in spec.modes)
+    own_rule = ("comm_hook", "powersgd_rank", "optimize_ddp")
+    others = math.prod(len(getattr(spec, k.name)) for k in GRID_AXES if k.name not in own_rule)
+    ddp_compiles = (False in spec.compile) + (True in spec.compile) * len(spec.optimize_ddp)  # optimize_ddp: compiled
+    per_mode = sum(hook_combos * others * ddp_compiles if m == "ddp" else len(spec.compile) for m in spec.modes)
     syncs = sum(1 if g == 1 else len(spec.no_sync) for g in set(spec.gas))
     envs = math.prod(len(v) for v in spec.env_grid.values()) if isinstance(spec.env_grid, dict) else 1
     places = len(spec.placements())
-    baselines = len(set(spec.gas)) * len(spec.timing)
+    baselines = len(set(spec.gas)) * len(spec.timing) * len(spec.compile)
     return baselines + places * envs * len(spec.timing) * syncs * per_mode
 
 

@@ -122,10 +122,11 @@ def _measure(
 
 
 def _unrecorded(group: Group, timed_steps: int, device: torch.device, threads: int, template):
-    """A short, fixed run of the group's first cell that makes no row (its measured run reports any error)."""
+    """A short, fixed run of the group's first cell that makes no row (its measured run reports any error);
+    eager: a compiled cell compiles in its own warm-up, where compile_s records it."""
     first = group.first.step
     warm = first.powersgd_start_iter if first.comm_hook == "powersgd" else 1  # compressed when timed
-    step = replace(first, warmup_steps=warm, timed_steps=timed_steps, target_rel_ci=None, timing="sync")
+    step = replace(first, warmup_steps=warm, timed_steps=timed_steps, target_rel_ci=None, timing="sync", compile=False)
     m = None
     with contextlib.suppress(Exception):
         m = run_cell(step, device, threads, template, extras=Extras(grad_check=False))

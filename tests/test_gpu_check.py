@@ -24,6 +24,7 @@ GRIDS = {
     "3_hooks": "4 cells x 2 repeat(s) = 8 measurements in 1 worker group(s)",
     "3_workload": "3 cells x 2 repeat(s) = 6 measurements in 1 worker group(s)",
     "3_isolation": "2 cells x 2 repeat(s) = 4 measurements in 4 worker group(s)",
+    "4_compile": "8 cells x 1 repeat(s) = 8 measurements in 1 worker group(s)",
 }
 
 

@@ -138,6 +138,7 @@ def test_every_ddp_axis_of_the_table_is_a_spec_list_crossed_into_cells_of_their_
     if knob.kind == "float" and knob.hi is not None:
         value = min(value, knob.hi)
     extra = {"comm_hook": ["powersgd"], "warmup_steps": 3} if knob.name.startswith("powersgd") else {}
+    extra |= {"compile": [True]} if knob.name == "optimize_ddp" else {}  # a compiled cell's knob
     plain = spec_from_dict({"name": "k", "workers": [2], **extra})
     both = spec_from_dict({"name": "k", "workers": [2], **extra, knob.name: [knob.default, value]})
     ddp = [c for c in expand(both) if c.step.mode == "ddp"]

@@ -272,3 +272,27 @@ def test_one_worker_group_measures_every_placement_on_its_own_ranks(fault_file, 
     assert list(parts) == [p for p in ORDER if p != "calibration"] and min(parts.values()) >= 0
     assert parts["controller"] > 0 and parts["worker_actors"] > 0 and parts["train_context"] > 0  # Ray's, marked
     assert sum(parts.values()) <= rows[0]["group_setup_s"] + 0.5  # the rest: the first round's control probe
+
+
+def test_compiled_cells_run_on_ray_and_the_known_failure_is_an_error_row_the_group_survives(fault_file, tmp_path):
+    """compile: [true] with aot_eager: the first-bucket refusal of ddp_optimizer at 0.25 MB is an error row with
+    PyTorch's message; the compiled baseline and the 25 MB cell after it measure, each with its compile figures."""
+    fault_file.write_text("")
+    text = spec_text().replace("warmup_steps: 1", "warmup_steps: 2")
+    spec = parse_spec(text + "compile: [true]\ncompile_backend: aot_eager\n")
+    assert spec.known_failures()[0].startswith("optimize_ddp ddp_optimizer with bucket_cap_mb 0.25: known to fail")
+    outcome = execute(plan_sweep(spec, results=str(tmp_path)))
+    by = {(r["mode"], r["bucket_cap_mb"]): r for r in outcome.rows}
+    refused = by[("ddp", 0.25)]
+    assert refused["status"] == "error" and "First bucket should be smaller/equal" in refused["error"]
+    assert refused["compile"] and refused["optimize_ddp"] == "ddp_optimizer"
+    for key in (("ddp", 25.0), ("single", None)):
+        r = by[key]
+        assert r["status"] == "ok" and r["compile"] and r["compile_backend"] == "aot_eager", r
+        assert r["compile_s"] > 0 and r["compiled_graphs"] >= 1 and r["recompiles_timed"] == 0
+    ddp = by[("ddp", 25.0)]
+    assert (
+        ddp["grad_check"] == "exact" and ddp["replicas_in_sync"] and ddp["collectives_per_step"] == ddp["num_buckets"]
+    )
+    assert by[("single", None)]["collectives_per_step"] is None
+    assert len({r["group_id"] for r in outcome.rows if r["mode"] == "ddp"}) == 1  # one group went on

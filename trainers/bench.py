@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from trainers.config import MODES, StepConfig
 from trainers.errors import ConfigError
+from trainers.knobs import COMPILE_BACKENDS, OPTIMIZE_DDP
 from trainers.presets import PRESETS
 from trainers.step import run_cell
 
@@ -37,6 +38,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=d.warmup_steps)
     ap.add_argument("--steps", type=int, default=d.timed_steps, help="timed steps (adaptive: the batch size)")
     ap.add_argument("--trace-comm", action="store_true", help="record each bucket's all-reduce timeline")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the DDP-wrapped model")
+    ap.add_argument("--optimize-ddp", default="ddp_optimizer", help=f"with --compile: one of {', '.join(OPTIMIZE_DDP)}")
+    ap.add_argument("--compile-backend", default="inductor", help=f"with --compile: {', '.join(COMPILE_BACKENDS)}")
+    ap.add_argument("--compile-mode", default="default", help="with --compile: torch.compile's mode")
     ap.add_argument("--target-rel-ci", type=float, default=None, help="adaptive: stop at a ±fraction interval")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads per rank (default: cores / local ranks)")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
@@ -57,6 +62,10 @@ def config_from_args(args: argparse.Namespace) -> StepConfig:
         timed_steps=args.steps,
         target_rel_ci=args.target_rel_ci,
         trace_comm=args.trace_comm,
+        compile=args.compile,
+        optimize_ddp=args.optimize_ddp,
+        compile_backend=args.compile_backend,
+        compile_mode=args.compile_mode,
     )
 
 

@@ -157,6 +157,10 @@ class Measurement:
     grad_rel_error: float | None = None  # relative L2 error of DDP's gradient against the fp64 reference
     grad_tol: float | None = None  # the relative error fp32 reduction order explains (exact within it)
     grad_check_ms: float | None = None  # the check's cost: two passes and one fp64 reduction, after the timed steps
+    compile_s: float | None = None  # compiled cells: warm-up steps that compiled (the first, and any recompile), s
+    compiled_graphs: int | None = None  # compiled cells: graphs the backend compiled (ddp_optimizer: one per split)
+    recompiles_timed: int | None = None  # compiled cells: frames Dynamo compiled inside the timed steps (must be 0)
+    collectives_per_step: int | None = None  # all-reduce calls in one untimed step after warm-up (profiler), rank 0
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -8,6 +8,7 @@ DDPSweepError                    500  base of every error ddpsweep raises on pur
 ├── ConfigError                  422  a configuration value is invalid (names the field and what is allowed)
 │   └── sweeps.spec.SpecError    422  a sweep spec field or command-line option is invalid
 ├── trainers.collectives.CalibrationError   500  an all-reduce returned a wrong sum
+├── StepError                    500  a cell's step cannot be measured as set (kept recompiling, ran no collective)
 ├── results.errors.ResultsError  400  a results-store or query mistake (see results/errors.py)
 └── service.jobs.JobsError       503  Ray Jobs unreachable or refusing (SweepNotFound: 404)
 """
@@ -36,3 +37,9 @@ class ConfigError(DDPSweepError, ValueError):
         shown = repr(value)
         shown = shown if len(shown) <= MAX_VALUE_CHARS else shown[:MAX_VALUE_CHARS] + "… (truncated)"
         super().__init__(f"{field}: got {shown}; allowed: {allowed}")
+
+
+class StepError(DDPSweepError):
+    """A cell's step cannot be measured as configured: a compiled step that never stopped recompiling, or a
+    distributed step that ran no all-reduce (its gradients were never synchronized). The cell's row is an error
+    row; the worker group goes on."""

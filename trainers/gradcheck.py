@@ -28,6 +28,7 @@ and `tolerance` is that bound over ||ref||. It assumes each rank's backward comp
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 import torch
@@ -77,10 +78,15 @@ def flat(grads: Iterable[torch.Tensor | None], sizes: list[int], device: torch.d
 
 
 def local_reference(
-    model: nn.Module, loss: Callable[[nn.Module, tuple], torch.Tensor], batches: list[tuple], autocast
+    model: nn.Module,
+    loss: Callable[[nn.Module, tuple], torch.Tensor],
+    batches: list[tuple],
+    autocast: Callable,
+    around: Callable = nullcontext,
 ) -> tuple[torch.Tensor, float]:
-    """(sum_m g_m in fp64, ||sum_m |g_m|||) for this rank's micro-steps, on `model` itself (a copy outside DDP):
-    each micro-step's gradient alone, as DDP's loss / gas gives it."""
+    """(sum_m g_m in fp64, ||sum_m |g_m|||) for this rank's micro-steps, on `model` itself (a copy outside DDP,
+    or a compiled module that communicates nothing): each micro-step's gradient alone, as DDP's loss / gas gives
+    it; `autocast` around each forward, `around` around each forward and backward."""
     params = list(model.parameters())
     sizes = [p.numel() for p in params]
     device = params[0].device
@@ -88,9 +94,10 @@ def local_reference(
     magnitude = torch.zeros_like(total)
     for batch in batches:
         model.zero_grad(set_to_none=True)
-        with autocast():
-            value = loss(model, batch)
-        (value / len(batches)).backward()
+        with around():
+            with autocast():
+                value = loss(model, batch)
+            (value / len(batches)).backward()
         g = flat((p.grad for p in params), sizes, device)
         total += g
         magnitude += g.abs()

@@ -21,6 +21,9 @@ COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 LOSSY_HOOKS = ("fp16", "bf16", "powersgd")  # hooks that compress: their gradient is approximate by design
 TIMINGS = ("sync", "events", "loop")
 BACKENDS = ("auto", "nccl", "gloo")
+OPTIMIZE_DDP = ("ddp_optimizer", "python_reducer", "no_optimization")
+COMPILE_BACKENDS = ("inductor", "aot_eager")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 class _Unset:
@@ -33,6 +36,7 @@ UNSET: Any = _Unset()
 
 # where a knob sits in a configuration
 WORKLOAD, MEASURE, STEP, DDP, PLACEMENT, ENV = "workload", "measure", "step", "ddp", "placement", "env"
+COMPILE = "compile"
 # how the spec gives it
 AXIS, SETTING, OWN = "axis", "setting", "own"
 # when it joins the cell id
@@ -52,8 +56,9 @@ class Knob:
     doc: str
     """What it does, as the spec reference prints it."""
     scope: str
-    """`workload` (what is computed), `measure` (how it is timed), `step` (mode, gas, no_sync), `ddp` (the DDP
-    wrapper: normalized away outside ddp mode), `placement` (ranks, nodes, backend) or `env` (variables)."""
+    """`workload` (what is computed), `measure` (how it is timed), `step` (mode, gas, no_sync), `compile` (eager
+    or torch.compile: baselines too), `ddp` (the DDP wrapper: normalized away outside ddp mode), `placement`
+    (ranks, nodes, backend) or `env` (variables)."""
     spec: str = OWN
     """`axis` (a list in the spec, crossed in the grid), `setting` (one value per sweep) or `own` (the spec has
     its own field or rule for it, named in `doc`)."""
@@ -99,6 +104,14 @@ class Knob:
 
 def _ddp(cfg: Any) -> bool:
     return cfg.mode == "ddp"
+
+
+def _compiled(cfg: Any) -> bool:
+    return bool(cfg.compile)
+
+
+def _compiled_ddp(cfg: Any) -> bool:
+    return cfg.mode == "ddp" and bool(cfg.compile)
 
 
 def _powersgd(cfg: Any) -> bool:
@@ -403,6 +416,61 @@ KNOBS: tuple[Knob, ...] = (
         applies=_ddp,
         doc="DDP's find_unused_parameters: traverse the autograd graph after each forward to mark parameters "
         "that get no gradient (needed by models that skip some; costs a graph walk every step).",
+    ),
+    Knob(
+        name="compile",
+        kind="bool",
+        default=False,
+        scope=COMPILE,
+        spec=AXIS,
+        older_rows=False,
+        pytorch_default=False,
+        doc="Run the step through `torch.compile`: the DDP-wrapped model compiled (PyTorch's documented pattern; "
+        "single and naive cells compile the bare model), compiled during warm-up until it stops recompiling. "
+        "Crosses every cell, baselines too.",
+    ),
+    Knob(
+        name="optimize_ddp",
+        kind="choice",
+        choices=OPTIMIZE_DDP,
+        default="ddp_optimizer",
+        scope=DDP,
+        spec=AXIS,
+        older_rows=None,
+        pytorch_default="ddp_optimizer",
+        applies=_compiled_ddp,
+        off=None,
+        doc="`torch._dynamo.config.optimize_ddp` for a compiled DDP cell: `ddp_optimizer` (the graph split at "
+        "the bucket boundaries so the all-reduces overlap the backward; its first bucket is 1 MiB, so a cap "
+        "below 1 MB fails), `python_reducer` (the all-reduces traced into one backward graph by compiled "
+        "autograd, switched on for it; no comm hooks) or `no_optimization` (one graph, no overlap).",
+    ),
+    Knob(
+        name="compile_backend",
+        kind="choice",
+        choices=COMPILE_BACKENDS,
+        default="inductor",
+        scope=COMPILE,
+        spec=SETTING,
+        older_rows=None,
+        pytorch_default="inductor",
+        applies=_compiled,
+        off=None,
+        doc="torch.compile's backend for compiled cells: `inductor` (generated kernels) or `aot_eager` (the "
+        "traced graphs run eagerly: quick checks of the compiled path).",
+    ),
+    Knob(
+        name="compile_mode",
+        kind="choice",
+        choices=COMPILE_MODES,
+        default="default",
+        scope=COMPILE,
+        spec=SETTING,
+        older_rows=None,
+        pytorch_default="default",
+        applies=_compiled,
+        off=None,
+        doc="torch.compile's `mode` for compiled cells with inductor (`reduce-overhead` adds CUDA graphs).",
     ),
     Knob(
         name="world_size",

@@ -21,9 +21,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainers import gradcheck, hooks, workload
+from trainers import compiled, gradcheck, hooks, workload
 from trainers.commtrace import CommTrace, counting_all_reduce, summarize_trace, traced_hook
+from trainers.compiled import Compiled
 from trainers.config import Measurement, StepConfig
+from trainers.errors import StepError
 from trainers.gradcheck import OFF, GradCheck
 from trainers.knobs import STEP_KNOBS
 from trainers.model import grad_bytes, n_params
@@ -47,6 +49,7 @@ class Replica:
     trace: CommTrace | None = None  # trace_comm: the comm hook's record
     tokens_per_sample: int | None = None
     group: dist.ProcessGroup | None = None  # the ranks this cell runs on (None: every rank of the world)
+    compiled: Compiled | None = None  # compile: the cell's torch.compile state (module is the compiled wrapper)
 
 
 def distributed(cfg: StepConfig) -> bool:
@@ -98,6 +101,9 @@ def setup_replica(
             dist.broadcast(p.data, src=0, group=group)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=device.type == "cuda")
     batches = make_batches(built, cfg, rank, device)
+    state = None
+    if cfg.compile:
+        module, state = compiled.compile_module(module, cfg)
     return Replica(
         cfg=cfg,
         workload=built.workload,
@@ -110,6 +116,7 @@ def setup_replica(
         trace=trace,
         tokens_per_sample=built.tokens_per_sample,
         group=group,
+        compiled=state,
     )
 
 
@@ -183,11 +190,17 @@ def forward_backward(rep: Replica) -> None:
     for micro in range(cfg.gas):
         skip_sync = cfg.no_sync and micro < cfg.gas - 1
         ctx = rep.module.no_sync() if skip_sync and cfg.mode == "ddp" else nullcontext()
-        with ctx, autocast(rep.device):
-            loss = rep.workload.loss(rep.module, rep.batches[micro])
-        (loss / cfg.gas).backward()
+        with ctx, micro_step_context(rep):
+            with autocast(rep.device):
+                loss = rep.workload.loss(rep.module, rep.batches[micro])
+            (loss / cfg.gas).backward()
         if cfg.mode == "naive" and not skip_sync:
             _naive_all_reduce(rep)
+
+
+def micro_step_context(rep: Replica):
+    """What a micro-step (forward and backward) runs in: compiled autograd for the Python reducer, else nothing."""
+    return rep.compiled.step_context() if rep.compiled else nullcontext()
 
 
 def train_step(rep: Replica) -> None:
@@ -254,7 +267,8 @@ def release(device: torch.device) -> None:
 
 
 def bucket_sizes(module: nn.Module) -> list[int]:
-    """Bucket sizes in bytes from DDP's own logging data (after its bucket rebuild)."""
+    """Bucket sizes in bytes from DDP's own logging data (after its bucket rebuild); a compiled wrapper's DDP."""
+    module = getattr(module, "_orig_mod", module)  # torch.compile's OptimizedModule
     if not isinstance(module, DDP):
         return []
     data = module._get_ddp_logging_data()
@@ -278,10 +292,23 @@ def run_cell(
     group: dist.ProcessGroup | None = None,
     extras: Extras = Extras(),
 ) -> Measurement | None:
-    """Set up, warm up, time the steps, check replicas and the gradient, on the ranks of `group` (None: every
-    rank). Returns the measurement on the group's rank 0, else None."""
+    """Set up, warm up (a compiled cell until it stops recompiling), count the collectives of one untimed step,
+    time the steps, check replicas and the gradient, on the ranks of `group` (None: every rank). Returns the
+    measurement on the group's rank 0, else None."""
     if device.type == "cpu":
         torch.set_num_threads(num_threads)
+    with compiled.use(cfg):
+        return _run_cell(cfg, device, num_threads, template, group, extras)
+
+
+def _run_cell(
+    cfg: StepConfig,
+    device: torch.device,
+    num_threads: int,
+    template: Built | None,
+    group: dist.ProcessGroup | None,
+    extras: Extras,
+) -> Measurement | None:
     window = reset_peak_memory(device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     t0 = time.perf_counter()
@@ -289,13 +316,16 @@ def run_cell(
     sync()
     setup_ms = (time.perf_counter() - t0) * 1e3
     t0 = time.perf_counter()
-    for _ in range(cfg.warmup_steps):
-        train_step(rep)
+    compile_s = compiled.warm_up(lambda: train_step(rep), cfg.warmup_steps, rep.compiled, _agree(rep))
     sync()
     warmup_ms = (time.perf_counter() - t0) * 1e3
+    counted = {"collectives_per_step": check_collectives(rep)} if distributed(cfg) else {}
     if distributed(cfg):
         dist.barrier(group=group)
+    activity = rep.compiled.activity() if rep.compiled else 0
     times, converged, steps = timed_phase(cfg, rep, device, sync, extras.slowdown)
+    if rep.compiled:
+        counted |= compiled_figures(rep, compile_s, rep.compiled.activity() - activity)
     traced = summarize_trace(rep.trace) if rep.trace else {}
     in_sync, peak, checked = True, peak_memory_bytes(device, window), GradCheck(OFF)
     if distributed(cfg):
@@ -307,7 +337,47 @@ def run_cell(
             return None
     m = _measurement(cfg, rep, device, times, peak, in_sync, num_threads, (setup_ms, warmup_ms))
     numerics = checked.to_dict() if distributed(cfg) else {}
-    return replace(m, timed_steps_run=steps, converged=converged, **traced, **numerics)
+    m = replace(m, timed_steps_run=steps, converged=converged, **traced, **numerics, **counted)
+    if m.recompiles_timed:
+        said = f"{m.recompiles_timed} recompilation(s) inside the timed steps: their times include compiling"
+        m = replace(m, timing_note="; ".join(filter(None, [m.timing_note, said])))
+    return m
+
+
+def _agree(rep: Replica) -> Callable[[bool], bool]:
+    """A flag or-ed over the cell's ranks (untimed: between warm-up steps), so that every rank decides alike."""
+    if not distributed(rep.cfg):
+        return lambda flag: flag
+    return lambda flag: bool(gather_max([float(flag)], rep.device, rep.group)[0])
+
+
+def check_collectives(rep: Replica) -> int:
+    """One untimed step's all-reduce calls (the profiler's count, rank 0's); a step in which any rank ran none
+    never synchronized its gradients (e.g. a compiled mode that skipped them): the cell fails rather than
+    reporting a fast step."""
+    mine = compiled.count_collectives(lambda: train_step(rep))
+    most, fewest = gather_max([float(mine), -float(mine)], rep.device, rep.group)
+    if -fewest == 0:
+        raise StepError(
+            f"a step ran no all-reduce on some rank (at most {int(most)} on any): its gradients were never "
+            f"synchronized ({rep.cfg.mode} mode{_compile_text(rep.cfg)})"
+        )
+    return mine
+
+
+def _compile_text(cfg: StepConfig) -> str:
+    if not cfg.compile:
+        return ", eager"
+    return f", compiled with {cfg.compile_backend}" + (f", optimize_ddp {cfg.optimize_ddp}" if cfg.optimize_ddp else "")
+
+
+def compiled_figures(rep: Replica, compile_s: float, activity: int) -> dict:
+    """compile_s, compiled_graphs and recompiles_timed, each the slowest or largest over the ranks."""
+    assert rep.compiled is not None
+    figures = [compile_s, float(rep.compiled.counter.graphs), float(activity)]
+    if distributed(rep.cfg):
+        figures = gather_max(figures, rep.device, rep.group)
+    return {"compile_s": figures[0], "compiled_graphs": int(figures[1]), "recompiles_timed": int(figures[2])}
 
 
 def check_batches(rep: Replica) -> list[tuple[torch.Tensor, ...]]:
@@ -327,9 +397,7 @@ def check_gradient(rep: Replica, check_group: dist.ProcessGroup | None, sync: Ho
             raise ValueError("a cell on a subgroup needs its gradient check's own group (Extras.check_group)")
         check_group = gradcheck.world_check_group()
     batches = check_batches(rep)
-    total, magnitude = gradcheck.local_reference(
-        copy.deepcopy(rep.model), rep.workload.loss, batches, lambda: autocast(rep.device)
-    )
+    total, magnitude = local_gradients(rep, batches)
     reference, magnitude = gradcheck.reduce_reference(total, magnitude, check_group, rep.world_size)
     forward_backward(replace(rep, batches=batches))
     params = list(rep.model.parameters())
@@ -340,6 +408,28 @@ def check_gradient(rep: Replica, check_group: dist.ProcessGroup | None, sync: Ho
     sync()
     ms = (time.perf_counter() - t0) * 1e3
     return GradCheck(gradcheck.verdict(rep.cfg.comm_hook, error, tol), error, tol, ms)
+
+
+def local_gradients(rep: Replica, batches: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, float]:
+    """This rank's gradients alone, in fp64 (gradcheck.local_reference): eager, on a copy of the model outside
+    DDP; compiled, through the cell's own compiled module with no communication (`no_sync`), so the reference
+    has the compiled code's bits and the check judges DDP's communication, not the compiler's rounding."""
+    fwd = lambda: autocast(rep.device)  # noqa: E731
+    if rep.compiled is None:
+        return gradcheck.local_reference(copy.deepcopy(rep.model), rep.workload.loss, batches, fwd)
+    quiet = rep.module.no_sync() if rep.cfg.mode == "ddp" else nullcontext()
+    out: list = []
+    with quiet:
+        ran = compiled.count_collectives(
+            lambda: out.append(
+                gradcheck.local_reference(rep.module, rep.workload.loss, batches, fwd, lambda: micro_step_context(rep))
+            )
+        )
+    if ran:  # a reference that communicated would share whatever the cell's communication got wrong
+        raise StepError(
+            f"the gradient check's local pass ran {ran} all-reduce(s) under no_sync(){_compile_text(rep.cfg)}"
+        )
+    return out[0]
 
 
 def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Callable[[], None], slowdown: float = 0.0):
