@@ -153,6 +153,24 @@ class Store:
                     log.warning("skipping unreadable calibration file %s: %s", path, e)
         return pa.concat_tables(tables) if tables else CALIBRATION.empty_table()
 
+    def write_profile(self, cluster: str, key: str, profile: dict) -> str:
+        """A workload's profile (trainers.profile: one rank's micro-step) as `_profile-<key>.parquet` in the
+        cluster's folder, one row; a newer profile of the same key replaces it."""
+        folder = f"{self.root}/cluster={require_label('cluster', cluster)}"
+        table = pa.Table.from_pylist([{"key": key, "profile": json.dumps(profile)}])
+        return self.write_atomic(
+            folder, f"_profile-{require_label('profile', key)}.parquet", lambda o: pq.write_table(table, o)
+        )
+
+    def read_profile(self, cluster: str, key: str) -> dict | None:
+        """The stored profile of `key` on `cluster`, or None."""
+        path = (
+            f"{self.root}/cluster={require_label('cluster', cluster)}/_profile-{require_label('profile', key)}.parquet"
+        )
+        if self.fs.get_file_info(path).type != pafs.FileType.File:
+            return None
+        return json.loads(pq.read_table(path, filesystem=self.fs).column("profile")[0].as_py())
+
     def write_manifest(self, cluster: str, sweep_id: str, manifest: dict) -> None:
         """The sweep's plan (`_sweep.json`, ignored by readers of rows), written atomically."""
         text = json.dumps(manifest, indent=1, default=str).encode()

@@ -4,11 +4,12 @@ registered on this one app. Errors become messages and exit code 2 here, at the 
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
 import traceback
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
@@ -230,6 +231,39 @@ def calibrate(
             f"max residual {f.max_rel_residual:.0%} (uses the {f.uses})"
         )
     echo(f"\nrows: ddpsweep query \"select * from calibration where sweep_id = '{plan.sweep_id}'\"")
+
+
+@app.command()
+def predict(
+    spec: Annotated[str, typer.Argument(help="a YAML sweep spec, or a packaged one by name")],
+    results: Annotated[str | None, typer.Option(metavar="URI", help="results root; default: the spec's")] = None,
+    cluster: Annotated[str | None, typer.Option(metavar="LABEL", help="whose calibration; default: the spec's")] = None,
+    sweep: Annotated[str | None, typer.Option(metavar="ID", help="a measured sweep of this spec: beside it")] = None,
+    fmt: Annotated[Literal["text", "json"], typer.Option("--format", help="lines or JSON")] = "text",
+) -> None:
+    """Each cell's step from the overlap model before anything is measured, and the predicted best bucket of
+    every curve: from the cluster's calibration (`ddpsweep calibrate`) and a profile of the workload (run here,
+    on this machine's device, and stored, when the store has none). With --sweep: predicted beside measured,
+    each cell's prediction_error and each curve's accuracy."""
+    from results.store import Store, load
+    from sweeps import predict as model
+    from sweeps import predicted
+    from sweeps.specfile import load_spec
+
+    try:
+        parsed = load_spec(spec)
+        root, label = results or parsed.results, cluster or parsed.cluster
+        given = model.inputs(parsed, Store.open(root), label)
+        if sweep is not None:
+            out = predicted.compare(given, load(root, cluster=label, sweep=sweep))
+    except DDPSweepError as e:
+        raise fail(str(e)) from None
+    if sweep is not None:
+        as_json = json.dumps({k: json.loads(v.to_json(orient="records")) for k, v in out.items()})
+        echo(as_json if fmt == "json" else predicted.to_text(out))
+        return
+    table = model.predictions(given)
+    echo(table.to_json(orient="records") if fmt == "json" else model.to_text(table, given.ran_here))
 
 
 for command in (*cli_results.COMMANDS, *cli_cluster.COMMANDS):

@@ -1,0 +1,154 @@
+"""The DDP overlap model: a step's time from one profiled micro-step, DDP's bucket layout and the all-reduce cost.
+
+Pure (numpy only): the inputs are a `Profile` (trainers.profile measures it on one rank, outside DDP), the
+cell's knobs and t(bytes), the all-reduce time of a message on the cell's placement (results.costmodel fits it
+to a calibration). For one micro-step:
+
+    buckets     DDP's assignment (reducer.cpp, compute_bucket_assignment_by_size) over the gradients in the order
+                they became ready: a bucket closes once its bytes reach its limit ([first, cap, cap, …])
+    ready_i     the time its last gradient is ready, in ms after the backward started
+    start_i     max(ready_i, end_{i-1}): one collective at a time, in bucket order (the reducer's)
+    end_i       start_i + t(bytes_i), bytes as the hook sends them (fp16 / bf16: half)
+    synced      forward + max(backward, end_last)       (DDP waits for every bucket before the backward ends)
+    unsynced    forward + backward                        (no_sync(): nothing is sent)
+    step        synced x (gas if no no_sync else 1) + unsynced x (the rest) + optimizer
+
+Where it is known to be wrong, in the direction it errs:
+- the profile's compute is one rank alone; on a CPU node gloo's communication threads and the other ranks share
+  the cores, and on a GPU NCCL's kernels share the SMs, so compute slows while communication runs (too fast);
+- t(bytes) is an all-reduce alone on an idle group; DDP's overlap with the backward and the next bucket's copy
+  are not in the calibration (too fast where communication dominates);
+- PowerSGD and compiled steps are not modeled (None): their communication is not DDP's buckets.
+One named factor per placement may absorb the first (`fit_slowdown`: compute x s, fitted to measured cells and
+shown beside the predictions), never hidden in t(bytes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+MiB = 1024 * 1024  # DDP's "MB" is a MiB: bucket_cap_mb * 1024 * 1024 bytes
+HALF = {"fp16", "bf16"}  # hooks that send 2 bytes per fp32 gradient element
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    """One rank's micro-step without DDP, in ms (medians over repeats; trainers.profile)."""
+
+    forward_ms: float
+    backward_ms: float  # the backward's end, from its start
+    optimizer_ms: float
+    ready_ms: tuple[float, ...]  # each parameter's gradient ready, ms after the backward started (parameter order)
+    nbytes: tuple[int, ...]  # each parameter's gradient, bytes (parameter order)
+    order: tuple[int, ...]  # parameter indices in the order their gradients became ready
+
+    def __post_init__(self) -> None:
+        n = len(self.nbytes)
+        if len(self.ready_ms) != n or sorted(self.order) != list(range(n)):
+            raise ValueError("Profile: ready_ms, nbytes and order must cover the same parameters")
+
+
+@dataclass(frozen=True)
+class Step:
+    """A predicted step: its time and the synced micro-step's communication timeline."""
+
+    step_ms: float
+    comm_ms: float  # per synced micro-step: the collectives' own time
+    exposed_ms: float  # per synced micro-step: communication left after the backward ended
+    timeline: tuple[tuple[float, float, float], ...]  # (ready, start, end) per bucket, ms after the backward started
+
+
+def bucket_layout(order: Sequence[int], nbytes: Sequence[int], cap_bytes: int, first_bytes: int | None = None):
+    """Buckets as lists of parameter indices, in the order they fill (DDP's assignment over `order`)."""
+    limits = [cap_bytes] if first_bytes is None else [first_bytes, cap_bytes]
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    size = 0
+    for i in order:
+        current.append(i)
+        size += nbytes[i]
+        if size >= limits[min(len(buckets), len(limits) - 1)]:
+            buckets.append(current)
+            current, size = [], 0
+    return buckets + ([current] if current else [])
+
+
+def layout_for(profile: Profile, bucket_cap_mb: float, first_bucket_mb: float | None = None) -> list[list[int]]:
+    """The cell's buckets: its cap (and first bucket) over the profile's gradient-ready order."""
+    first = None if first_bucket_mb is None else int(first_bucket_mb * MiB)
+    return bucket_layout(profile.order, profile.nbytes, int(bucket_cap_mb * MiB), first)
+
+
+def timeline(profile: Profile, buckets: list[list[int]], t: Callable[[int], float], hook: str = "none"):
+    """(ready, start, end) per bucket: each starts when it is ready and the previous one has ended."""
+    out, end = [], 0.0
+    for b in buckets:
+        ready = max(profile.ready_ms[i] for i in b)
+        sent = sum(profile.nbytes[i] for i in b) // (2 if hook in HALF else 1)
+        start = max(ready, end)
+        end = start + float(t(sent))
+        out.append((ready, start, end))
+    return tuple(out)
+
+
+def predict_step(
+    profile: Profile,
+    buckets: list[list[int]],
+    t: Callable[[int], float],
+    *,
+    gas: int = 1,
+    no_sync: bool = False,
+    hook: str = "none",
+    slowdown: float = 1.0,
+) -> Step:
+    """The step of a DDP cell (see the module docstring); `slowdown` scales the profile's compute."""
+    fwd, bwd, opt = (x * slowdown for x in (profile.forward_ms, profile.backward_ms, profile.optimizer_ms))
+    scaled = Profile(
+        forward_ms=fwd,
+        backward_ms=bwd,
+        optimizer_ms=opt,
+        ready_ms=tuple(r * slowdown for r in profile.ready_ms),
+        nbytes=profile.nbytes,
+        order=profile.order,
+    )
+    line = timeline(scaled, buckets, t, hook)
+    last = line[-1][2] if line else 0.0
+    synced = fwd + max(bwd, last)
+    n_synced = 1 if no_sync else gas
+    step = synced * n_synced + (fwd + bwd) * (gas - n_synced) + opt
+    comm = sum(e - s for _, s, e in line)
+    return Step(step_ms=step, comm_ms=comm, exposed_ms=max(0.0, last - bwd), timeline=line)
+
+
+def fit_slowdown(predict: Callable[[float], np.ndarray], measured: np.ndarray) -> float:
+    """The one compute factor s (0.5..8) whose predictions have the smallest median |predicted / measured - 1|."""
+    grid = np.exp(np.linspace(np.log(0.5), np.log(8.0), 241))
+    errors = [np.median(np.abs(predict(s) / measured - 1)) for s in grid]
+    return float(grid[int(np.argmin(errors))])
+
+
+def accuracy(predicted: Sequence[float], measured: Sequence[float], best_set: set[int] | None = None) -> dict:
+    """How far a curve's predictions are from its measurements: median |predicted / measured - 1|, Spearman's
+    rank correlation, the predicted best's index, and whether it lies in `best_set` (the indices of the measured
+    cells that cannot be told apart from the measured best)."""
+    p, m = np.asarray(predicted, dtype=float), np.asarray(measured, dtype=float)
+    rho = spearman(p, m)
+    best = int(np.argmin(p))
+    return {
+        "median_abs_error": float(np.median(np.abs(p / m - 1))),
+        "spearman": rho,
+        "predicted_best": best,
+        "predicted_best_in_set": None if best_set is None else best in best_set,
+    }
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Spearman's rank correlation (average ranks for ties); None with fewer than 2 points or a constant side."""
+    ra, rb = pd.Series(a, dtype=float).rank().to_numpy(), pd.Series(b, dtype=float).rank().to_numpy()
+    if len(ra) < 2 or ra.std() == 0 or rb.std() == 0:
+        return None
+    return float(np.corrcoef(ra, rb)[0, 1])

@@ -1,0 +1,181 @@
+"""`ddpsweep predict`: every cell's step from the overlap model (results.overlap) before anything is measured,
+from a profile of the workload (trainers.profile, stored per cluster) and the calibration of each placement
+(results.costmodel, from `ddpsweep calibrate`); after a sweep, the same predictions beside its measurements.
+
+The profile runs where `predict` runs (this process, its device, the spec's threads per worker) when the store
+has none for the workload, micro-batch, device and torch version; run it on a node like the cluster's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+
+from results import costmodel, overlap
+from results.errors import ResultsError
+from results.overlap import Profile
+from results.store import Store, load_calibration
+from sweeps.grid import Cell, expand
+from sweeps.spec import SweepSpec
+
+PROFILE_FIELDS = ("forward_ms", "backward_ms", "optimizer_ms", "ready_ms", "nbytes", "order")
+NOT_MODELED = {"powersgd": "PowerSGD's low-rank exchange is not DDP's buckets"}
+
+
+class NoCalibration(ResultsError):
+    """A placement of the spec has no calibration on the cluster: the model has no t(bytes) for it."""
+
+
+def profile_key(cell: Cell, device: str, torch_version: str) -> str:
+    """What a profile is of: the workload (and its planned shapes), the micro-batch, the device, torch."""
+    s = cell.step
+    what = [s.model, s.workload, s.workload_args, s.workload_fingerprint, s.micro_batch, s.seq_len, s.seed]
+    return hashlib.sha256(json.dumps([*what, device, torch_version]).encode()).hexdigest()[:16]
+
+
+def profiles(spec: SweepSpec, cells: list[Cell], store: Store, cluster: str) -> dict[str, tuple[Profile, bool]]:
+    """Per profile key: the stored profile, or one run here and stored (True: run now)."""
+    import torch
+
+    from trainers.profile import profile_micro_step
+
+    device = torch.device("cuda" if spec.use_gpu is not False and torch.cuda.is_available() else "cpu")
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, math.floor(spec.cpus_per_worker)))
+    out: dict[str, tuple[Profile, bool]] = {}
+    for cell in cells:
+        key = profile_key(cell, device.type, torch.__version__)
+        if key in out:
+            continue
+        raw, fresh = store.read_profile(cluster, key), False
+        if raw is None:
+            raw, fresh = profile_micro_step(cell.step, device), True
+            store.write_profile(cluster, key, raw)
+        out[key] = (
+            Profile(**{k: tuple(raw[k]) if isinstance(raw[k], list) else raw[k] for k in PROFILE_FIELDS}),
+            fresh,
+        )
+    return out
+
+
+def placement_fits(store: Store, cluster: str, cells: list[Cell]) -> dict[tuple, pd.Series]:
+    """Per (world size, nodes) the newest calibration fit of the cluster; NoCalibration naming the first missing."""
+    fits = costmodel.fits(load_calibration(store.uri, cluster)) if _has_calibration(store, cluster) else None
+    out = {}
+    for cell in cells:
+        place = (cell.world_size, cell.num_nodes)
+        if cell.world_size < 2 or place in out:
+            continue
+        mine = None if fits is None else fits[(fits["world_size"] == place[0]) & (fits["num_nodes"] == place[1])]
+        if mine is None or mine.empty:
+            raise NoCalibration(
+                f"no calibration of {cell.topology} on cluster {cluster!r} in {store.uri}: run `ddpsweep calibrate "
+                "SPEC` with the same --results and --cluster first (it measures t(bytes) on those ranks)"
+            )
+        out[place] = mine.sort_values("sweep_id").iloc[-1]
+    return out
+
+
+def _has_calibration(store: Store, cluster: str) -> bool:
+    return store.read_calibration(cluster).num_rows > 0
+
+
+def predict_cell(cell: Cell, prof: Profile, fit: pd.Series | None, slowdown: float = 1.0) -> dict:
+    """The model's step for one cell (None with the reason where it is not modeled)."""
+    s = cell.step
+    out = {"cell_id": cell.cell_id, "topology": cell.topology, **{k: v for k, v in asdict(s).items()}}
+    if s.compile or s.comm_hook in NOT_MODELED:
+        why = "compiled steps are not modeled" if s.compile else NOT_MODELED[s.comm_hook]
+        return out | {"predicted_ms": None, "comm_ms": None, "exposed_ms": None, "note": why}
+    compute = (prof.forward_ms + prof.backward_ms) * slowdown
+    if s.mode == "single" or fit is None:
+        step_ms = compute * s.gas + prof.optimizer_ms * slowdown
+        return out | {"predicted_ms": step_ms, "comm_ms": 0.0, "exposed_ms": 0.0, "note": None}
+    t = lambda nbytes: float(costmodel.predict_ms(fit, [nbytes])[0])  # noqa: E731
+    if s.mode == "naive":  # one blocking all-reduce per gradient after the backward
+        comm = sum(t(b) for b in prof.nbytes)
+        synced = 1 if s.no_sync else s.gas
+        return out | {
+            "predicted_ms": compute * s.gas + comm * synced + prof.optimizer_ms * slowdown,
+            "comm_ms": comm,
+            "exposed_ms": comm,
+            "note": None,
+        }
+    buckets = overlap.layout_for(prof, s.bucket_cap_mb, s.first_bucket_mb)
+    step = overlap.predict_step(prof, buckets, t, gas=s.gas, no_sync=s.no_sync, hook=s.comm_hook, slowdown=slowdown)
+    return out | {"predicted_ms": step.step_ms, "comm_ms": step.comm_ms, "exposed_ms": step.exposed_ms, "note": None}
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What predictions are made from: the spec's cells, each placement's fit and each workload's profile."""
+
+    cells: list[Cell]
+    fits: dict[tuple, pd.Series]
+    profiles: dict[str, tuple[Profile, bool]]
+    device: str
+
+    def profile(self, cell: Cell) -> Profile:
+        import torch
+
+        return self.profiles[profile_key(cell, self.device, torch.__version__)][0]
+
+    @property
+    def ran_here(self) -> int:
+        return sum(fresh for _, fresh in self.profiles.values())
+
+
+def inputs(spec: SweepSpec, store: Store, cluster: str) -> Inputs:
+    """Calibration fits first (a missing one fails before any profile runs), then the profiles."""
+    import torch
+
+    cells = expand(spec)
+    fits = placement_fits(store, cluster, cells)
+    device = "cuda" if spec.use_gpu is not False and torch.cuda.is_available() else "cpu"
+    return Inputs(cells, fits, profiles(spec, cells, store, cluster), device)
+
+
+def predictions(given: Inputs, slowdown: dict[tuple, float] | None = None) -> pd.DataFrame:
+    """Every cell with its predicted step and whether it is its curve's predicted best (compute x `slowdown`
+    per (world size, nodes), 1 where not given)."""
+    rows = []
+    for c in given.cells:
+        s = (slowdown or {}).get((c.world_size, c.num_nodes), 1.0)
+        rows.append(predict_cell(c, given.profile(c), given.fits.get((c.world_size, c.num_nodes)), s) | {"slowdown": s})
+    return mark_best(pd.DataFrame(rows))
+
+
+def mark_best(table: pd.DataFrame) -> pd.DataFrame:
+    """`predicted_best`: the smallest predicted step of each curve (every knob but the bucket fixed)."""
+    ddp = (table["mode"] == "ddp") & table["predicted_ms"].notna()
+    curve = [c for c in table.columns if c in CURVE_COLUMNS]
+    table["predicted_best"] = False
+    for _, grp in table[ddp].groupby(curve, dropna=False):
+        table.loc[grp["predicted_ms"].astype(float).idxmin(), "predicted_best"] = True
+    return table
+
+
+CURVE_COLUMNS = ("topology", "gas", "no_sync", "comm_hook", "powersgd_rank", "first_bucket_mb", "timing")
+CURVE_COLUMNS += ("gradient_as_bucket_view", "static_graph", "find_unused_parameters", "broadcast_buffers")
+
+
+def to_text(table: pd.DataFrame, ran: int) -> str:
+    """One line per cell, the predicted best of each curve marked."""
+    lines = [f"profiles run here: {ran}" if ran else "profiles: stored"]
+    for r in table.itertuples():
+        bucket = "-" if r.bucket_cap_mb is None or r.bucket_cap_mb != r.bucket_cap_mb else f"{r.bucket_cap_mb:g} MB"
+        what = f"{r.mode:6} {r.topology} gas {r.gas} no_sync {str(r.no_sync).lower():5} bucket {bucket:8}"
+        what += "" if r.comm_hook == "none" or r.mode != "ddp" else f" hook {r.comm_hook}"
+        if r.predicted_ms is None or (isinstance(r.predicted_ms, float) and np.isnan(r.predicted_ms)):
+            lines.append(f"{what} not predicted: {r.note}")
+            continue
+        best = "  <- predicted best of its curve" if r.predicted_best else ""
+        lines.append(
+            f"{what} {r.predicted_ms:8.2f} ms (communication {r.comm_ms:.2f}, exposed {r.exposed_ms:.2f}){best}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,84 @@
+"""The overlap model (results.overlap) on hand-made profiles whose answers are worked out by hand in the comments:
+no torch, no Ray."""
+
+from __future__ import annotations
+
+import pytest
+
+from results import overlap
+from results.overlap import Profile
+
+# gradients 0..3 of 100, 200, 300, 400 bytes, ready in reverse order at 6, 4, 2 and 1 ms into an 8 ms backward
+PROFILE = Profile(
+    forward_ms=5.0,
+    backward_ms=8.0,
+    optimizer_ms=1.0,
+    ready_ms=(6.0, 4.0, 2.0, 1.0),
+    nbytes=(100, 200, 300, 400),
+    order=(3, 2, 1, 0),
+)
+
+
+def t(nbytes: int) -> float:
+    return 1.0 + nbytes / 100  # ms: alpha 1 ms, 100 bytes per ms
+
+
+def test_buckets_fill_in_ready_order_and_close_once_they_reach_their_limit():
+    assert overlap.bucket_layout(PROFILE.order, PROFILE.nbytes, 450) == [[3, 2], [1, 0]]  # 700 >= 450, then 300
+    assert overlap.bucket_layout(PROFILE.order, PROFILE.nbytes, 1) == [[3], [2], [1], [0]]
+    assert overlap.bucket_layout(PROFILE.order, PROFILE.nbytes, 10_000) == [[3, 2, 1, 0]]
+    assert overlap.bucket_layout(PROFILE.order, PROFILE.nbytes, 450, first_bytes=100) == [[3], [2, 1], [0]]
+
+
+def test_two_buckets_overlap_the_backward_one_collective_at_a_time():
+    # bucket [3, 2]: 700 B, ready at 2, runs 2..10; bucket [1, 0]: 300 B, ready at 6, waits for the first: 10..14
+    step = overlap.predict_step(PROFILE, [[3, 2], [1, 0]], t)
+    assert step.timeline == ((2.0, 2.0, 10.0), (6.0, 10.0, 14.0))
+    assert step.step_ms == 5 + max(8, 14) + 1 == 20  # forward + max(backward, last end) + optimizer
+    assert (step.comm_ms, step.exposed_ms) == (12.0, 6.0)
+
+
+def test_gradient_accumulation_syncs_every_micro_step_unless_no_sync():
+    buckets = [[3, 2], [1, 0]]
+    assert overlap.predict_step(PROFILE, buckets, t, gas=3).step_ms == 3 * 19 + 1  # 58: every micro-step synced
+    assert overlap.predict_step(PROFILE, buckets, t, gas=3, no_sync=True).step_ms == 19 + 2 * 13 + 1  # 46
+
+
+def test_the_u_curve_has_its_minimum_between_many_small_buckets_and_one_large_one():
+    # cap 1: four buckets, 1..6, 6..9, 9..13, 13..15 -> 5 + 15 + 1; one bucket: ready 6, 6..17 -> 5 + 17 + 1
+    steps = {
+        cap: overlap.predict_step(PROFILE, overlap.bucket_layout(PROFILE.order, PROFILE.nbytes, cap), t).step_ms
+        for cap in (1, 450, 10_000)
+    }
+    assert steps == {1: 21.0, 450: 20.0, 10_000: 23.0}
+
+
+def test_a_half_precision_hook_sends_half_the_bytes():
+    # 350 B and 150 B: 2..6.5 and 6.5..9 -> 5 + max(8, 9) + 1
+    assert overlap.predict_step(PROFILE, [[3, 2], [1, 0]], t, hook="fp16").step_ms == 15.0
+
+
+def test_the_slowdown_scales_compute_and_is_recovered_from_measurements():
+    # compute x2: ready at 4 and 12; 4..12, 12..16 -> 10 + max(16, 16) + 2
+    assert overlap.predict_step(PROFILE, [[3, 2], [1, 0]], t, slowdown=2.0).step_ms == 28.0
+    layouts = [overlap.bucket_layout(PROFILE.order, PROFILE.nbytes, cap) for cap in (1, 450, 10_000)]
+
+    def predict(s: float):
+        import numpy as np
+
+        return np.array([overlap.predict_step(PROFILE, b, t, slowdown=s).step_ms for b in layouts])
+
+    assert overlap.fit_slowdown(predict, predict(2.0)) == pytest.approx(2.0, rel=1e-9)
+
+
+def test_accuracy_of_a_curve():
+    acc = overlap.accuracy([21, 20, 23], [22, 21, 25], best_set={1})
+    assert acc["median_abs_error"] == pytest.approx(1 / 21)  # |20/21 - 1|, the middle of 1/22, 1/21, 2/25
+    assert acc["spearman"] == 1.0 and acc["predicted_best"] == 1 and acc["predicted_best_in_set"] is True
+    assert overlap.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert overlap.spearman([1, 1], [2, 3]) is None
+
+
+def test_a_profile_must_cover_its_parameters_once():
+    with pytest.raises(ValueError, match="same parameters"):
+        Profile(forward_ms=1, backward_ms=1, optimizer_ms=1, ready_ms=(1.0,), nbytes=(4, 4), order=(0, 1))
