@@ -10,7 +10,7 @@ import pandas as pd
 from results import analysis, identity, racing
 from results.uncertainty import rel_width
 from sweeps.grid import Cell
-from trainers.knobs import KNOBS, show
+from trainers.knobs import KNOBS, at_default, show
 
 WIDE_REL = 0.04  # an interval wider than ±2% of its median is listed as noisy
 
@@ -25,11 +25,11 @@ OWN_COLUMNS |= {"timed_steps", "target_rel_ci", "max_timed_steps", "max_cell_s",
 
 
 def set_knobs(values: dict, skip: set[str] = OWN_COLUMNS) -> str:
-    """`k=v` for every knob (beyond `skip`) whose value is not its default (trainers.knobs), or ""."""
+    """`k=v` for every knob (beyond `skip`) whose value is not its default (or off) (trainers.knobs), or ""."""
     return " ".join(
         f"{k.name}={show(values[k.name])}"
         for k in KNOBS
-        if k.name not in skip and k.name in values and show(values[k.name]) != show(k.default)
+        if k.name not in skip and k.name in values and not at_default(k, values[k.name])
     )
 
 
@@ -106,7 +106,7 @@ def _where(curve: dict, table: pd.DataFrame) -> str:
         k.name
         for k in KNOBS
         if k.name in curve and k.name not in shown
-        if k.name in varies or (k.name not in OWN_COLUMNS and show(curve[k.name]) != show(k.default))
+        if k.name in varies or (k.name not in OWN_COLUMNS and not at_default(k, curve[k.name]))
     ]
     return out + "".join(f" {k}={show(curve[k])}" for k in extra)
 

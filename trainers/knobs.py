@@ -559,6 +559,11 @@ def _allowed(knob: Knob) -> str:
     return text + (", or null" if knob.nullable else "")
 
 
+def at_default(knob: Knob, value: Any) -> bool:
+    """`value` is the knob's default, or its `off` value (it does not apply): nothing a label needs to say."""
+    return show(value) in (show(knob.default), show(knob.value_off))
+
+
 def show(value: Any) -> str:
     """A value as text shows it: booleans lower-case, numbers short, null as a dash."""
     value = value.item() if hasattr(value, "item") else value  # numpy scalars from a frame
