@@ -71,11 +71,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--only", choices=sorted(WORKLOADS), default=None, help="one workload")
     args = ap.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="predict-check-"))
     out.mkdir(parents=True, exist_ok=True)
     pd.set_option("display.width", 220)
     for name, base in WORKLOADS.items():
+        if args.only not in (None, name):
+            continue
         got = check(name, base, out, args.rounds)
         cells = pd.DataFrame(got["after"]["cells"])
         print(f"\n== {name}: calibrate + predict {got['calibrate_and_predict_s']:.0f} s, all {got['wall_s']:.0f} s")
