@@ -76,9 +76,10 @@ def test_predicted_beside_measured_gives_each_curve_its_accuracy_and_fits_one_sl
     leaves no error."""
     from dataclasses import asdict
 
-    import pandas as pd
     import pytest
 
+    from results.schema import COLUMNS
+    from results.store import load
     from sweeps import predict, predicted
     from sweeps.specfile import parse_spec
     from tests.test_identity import base
@@ -95,7 +96,10 @@ def test_predicted_beside_measured_gives_each_curve_its_accuracy_and_fits_one_sl
         for rep in range(3):
             knobs = asdict(cell.step) | {"world_size": 2, "num_nodes": 1, "backend": "gloo", "env_grid": "{}"}
             rows.append(base("lab", rep, float(truth[cell.cell_id])) | knobs | {"cell_id": cell.cell_id})
-    out = predicted.compare(given, pd.DataFrame(rows))
+    store, columns = Store.open(root), set(COLUMNS)
+    for r in rows:  # through the store and back, as a sweep's rows come (a column of nulls reads as it does there)
+        store.write_row({k: v for k, v in r.items() if k in columns} | {"sweep_id": "m-1", "cluster": "lab"})
+    out = predicted.compare(given, load(root, cluster="lab", sweep="m-1"))
     assert len(out["curves"]) == 3 and len(out["cells"]) == 9
     assert (out["cells"]["prediction_error"] < -0.05).all()  # compute as profiled alone: too fast
     assert out["curves"]["spearman"].min() > 0.4
