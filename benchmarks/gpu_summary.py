@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from results import analysis
+from results.identity import config_text
 from results.store import load, load_calibration
 from results.uncertainty import interval
 
@@ -44,12 +45,14 @@ def device_lines(rows: pd.DataFrame) -> list[str]:
 
 def cell_table(rows: pd.DataFrame) -> list[str]:
     ok = analysis.usable(rows)
-    peaks = ok.groupby(analysis.CONFIG_KEYS, dropna=False)["peak_mem_bytes"].max().rename("peak").reset_index()
-    cells = analysis.ok_cells(rows).merge(peaks, on=analysis.CONFIG_KEYS, how="left")
+    peaks = ok.groupby(config_text(ok))["peak_mem_bytes"].max()
+    cells = analysis.ok_cells(rows)
+    cells["peak"] = [peaks.get(k) for k in config_text(cells)]
     tflops = peak_tflops(rows["accelerator"].dropna().iloc[0] if rows["accelerator"].notna().any() else "")
     out = ["| sweep | cell | step ms [95%] | tokens/s | MFU | peak GiB | n |", "|---|---|---|---|---|---|---|"]
     for _, r in cells.sort_values(["sweep_id", "mode", "gas", "bucket_cap_mb"]).iterrows():
         what = " ".join(f"{k}={r[k]}" for k in CELL if k in r and pd.notna(r[k]))
+        what += "".join(f" {k}={r[k]}" for k in ("compile", "optimize_ddp") if k in r and pd.notna(r[k]) and r[k])
         peak, u = r["peak"], mfu(r, tflops)
         tokens = "" if pd.isna(r["tokens_per_s"]) else f"{r['tokens_per_s']:,.0f}"
         out.append(

@@ -12,23 +12,17 @@ import numpy as np
 import pandas as pd
 
 from results import analysis, overlap
-from results.identity import CONFIG_KEYS, CURVE_KEYS
+from results.identity import CURVE_KEYS, config_text
 from sweeps import predict
-from trainers.knobs import show
 
 
 def measured_cells(rows: pd.DataFrame) -> pd.DataFrame:
     """The sweep's DDP configurations (ok_cells: pooled median, interval, replicates) with their cell ids."""
     cells = analysis.ok_cells(rows)
     usable = analysis.usable(rows)
-    ids = dict(zip(_config_text(usable), usable["cell_id"], strict=True))
-    cells = cells.assign(cell_id=[ids.get(k) for k in _config_text(cells)])
+    ids = dict(zip(config_text(usable), usable["cell_id"], strict=True))
+    cells = cells.assign(cell_id=[ids.get(k) for k in config_text(cells)])
     return cells[(cells["mode"] == "ddp") & cells["bucket_cap_mb"].notna()].reset_index(drop=True)
-
-
-def _config_text(frame: pd.DataFrame) -> list[str]:
-    """Each line's configuration as text (null, NaN and None alike: a column of nulls has no one dtype)."""
-    return ["|".join(show(v) for v in values) for values in frame[CONFIG_KEYS].itertuples(index=False)]
 
 
 def beside(pred: pd.DataFrame, cells: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
