@@ -46,10 +46,18 @@ class Profile:
     nbytes: tuple[int, ...]  # each parameter's gradient, bytes (parameter order)
     order: tuple[int, ...]  # parameter indices in the order their gradients became ready
 
+    @classmethod
+    def from_dict(cls, raw: dict) -> Profile:
+        """The model's fields of a profile as trainers.profile gives it (or JSON stored it: lists)."""
+        return cls(**{f: tuple(raw[f]) if isinstance(raw[f], list | tuple) else raw[f] for f in FIELDS})
+
     def __post_init__(self) -> None:
         n = len(self.nbytes)
         if len(self.ready_ms) != n or sorted(self.order) != list(range(n)):
             raise ValueError("Profile: ready_ms, nbytes and order must cover the same parameters")
+
+
+FIELDS = ("forward_ms", "backward_ms", "optimizer_ms", "ready_ms", "nbytes", "order")
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ from results.store import Store, load_calibration
 from sweeps.grid import Cell, expand
 from sweeps.spec import SweepSpec
 
-PROFILE_FIELDS = ("forward_ms", "backward_ms", "optimizer_ms", "ready_ms", "nbytes", "order")
 NOT_MODELED = {"powersgd": "PowerSGD's low-rank exchange is not DDP's buckets"}
 
 
@@ -56,16 +55,14 @@ def profiles(spec: SweepSpec, cells: list[Cell], store: Store, cluster: str) -> 
         if raw is None:
             raw, fresh = profile_micro_step(cell.step, device), True
             store.write_profile(cluster, key, raw)
-        out[key] = (
-            Profile(**{k: tuple(raw[k]) if isinstance(raw[k], list) else raw[k] for k in PROFILE_FIELDS}),
-            fresh,
-        )
+        out[key] = (Profile.from_dict(raw), fresh)
     return out
 
 
 def placement_fits(store: Store, cluster: str, cells: list[Cell]) -> dict[tuple, pd.Series]:
     """Per (world size, nodes) the newest calibration fit of the cluster; NoCalibration naming the first missing."""
-    fits = costmodel.fits(load_calibration(store.uri, cluster)) if _has_calibration(store, cluster) else None
+    calibration = load_calibration(store.uri, cluster)
+    fits = costmodel.fits(calibration) if len(calibration) else None
     out = {}
     for cell in cells:
         place = (cell.world_size, cell.num_nodes)
@@ -81,14 +78,10 @@ def placement_fits(store: Store, cluster: str, cells: list[Cell]) -> dict[tuple,
     return out
 
 
-def _has_calibration(store: Store, cluster: str) -> bool:
-    return store.read_calibration(cluster).num_rows > 0
-
-
 def predict_cell(cell: Cell, prof: Profile, fit: pd.Series | None, slowdown: float = 1.0) -> dict:
     """The model's step for one cell (None with the reason where it is not modeled)."""
     s = cell.step
-    out = {"cell_id": cell.cell_id, "topology": cell.topology, **{k: v for k, v in asdict(s).items()}}
+    out = {"cell_id": cell.cell_id, "topology": cell.topology, **asdict(s)}
     if s.compile or s.comm_hook in NOT_MODELED:
         why = "compiled steps are not modeled" if s.compile else NOT_MODELED[s.comm_hook]
         return out | {"predicted_ms": None, "comm_ms": None, "exposed_ms": None, "note": why}

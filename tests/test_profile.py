@@ -29,13 +29,10 @@ def layouts(rank: int) -> dict:
             rep = step.setup_replica(dataclasses.replace(cfg, bucket_cap_mb=cap), CPU)
             for _ in range(11):  # DDP rebuilds its buckets in gradient-ready order after its first step; its
                 step.train_step(rep)  # logging data (what rows record) has the rebuilt layout by the 10th
-            model = overlap.layout_for(overlap.Profile(**{k: prof[k] for k in PROFILE_FIELDS}), cap)
+            model = overlap.layout_for(overlap.Profile.from_dict(prof), cap)
             per_cap[cap] = ([sum(prof["nbytes"][i] for i in b) for b in model], step.bucket_sizes(rep.module))
         out[name] = (prof, per_cap)
     return out
-
-
-PROFILE_FIELDS = ("forward_ms", "backward_ms", "optimizer_ms", "ready_ms", "nbytes", "order")
 
 
 def test_the_model_buckets_the_gradients_as_ddp_does_and_they_are_ready_in_backward_order(tmp_path):

@@ -126,10 +126,11 @@ def warm_up(step: Callable[[], None], steps: int, compiled: Compiled | None, agr
     )
 
 
-def count_collectives(step: Callable[[], None]) -> int:
-    """All-reduce calls in one run of `step`, counted by the profiler (untimed: never a measured step)."""
+def count_collectives(step: Callable[[], Any]) -> tuple[int, Any]:
+    """(all-reduce calls in one run of `step`, counted by the profiler; what `step` returned). Untimed: never
+    a measured step."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        step()
-    return sum(1 for e in prof.events() if e.name == COLLECTIVE_OP)
+        result = step()
+    return sum(1 for e in prof.events() if e.name == COLLECTIVE_OP), result

@@ -355,7 +355,7 @@ def check_collectives(rep: Replica) -> int:
     """One untimed step's all-reduce calls (the profiler's count, rank 0's); a step in which any rank ran none
     never synchronized its gradients (e.g. a compiled mode that skipped them): the cell fails rather than
     reporting a fast step."""
-    mine = compiled.count_collectives(lambda: train_step(rep))
+    mine, _ = compiled.count_collectives(lambda: train_step(rep))
     most, fewest = gather_max([float(mine), -float(mine)], rep.device, rep.group)
     if -fewest == 0:
         raise StepError(
@@ -418,18 +418,17 @@ def local_gradients(rep: Replica, batches: list[tuple[torch.Tensor, ...]]) -> tu
     if rep.compiled is None:
         return gradcheck.local_reference(copy.deepcopy(rep.model), rep.workload.loss, batches, fwd)
     quiet = rep.module.no_sync() if rep.cfg.mode == "ddp" else nullcontext()
-    out: list = []
     with quiet:
-        ran = compiled.count_collectives(
-            lambda: out.append(
-                gradcheck.local_reference(rep.module, rep.workload.loss, batches, fwd, lambda: micro_step_context(rep))
+        ran, local = compiled.count_collectives(
+            lambda: gradcheck.local_reference(
+                rep.module, rep.workload.loss, batches, fwd, lambda: micro_step_context(rep)
             )
         )
     if ran:  # a reference that communicated would share whatever the cell's communication got wrong
         raise StepError(
             f"the gradient check's local pass ran {ran} all-reduce(s) under no_sync(){_compile_text(rep.cfg)}"
         )
-    return out[0]
+    return local
 
 
 def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Callable[[], None], slowdown: float = 0.0):
