@@ -225,8 +225,10 @@ def test_memory_is_released_between_packed_cells(tmp_path):
     r0, _ = run_world(rss_over_packed_cells, 2, tmp_path, cfgs)
     # a leaked replica of `small` (model + grads + AdamW state) is ~4 x 6.3 MB: 18 of them would be > 400 MB
     # one leaked replica of `small` (weights, grads, AdamW state, DDP buckets) is ~40 MB, so even a quarter
-    # of one per cell would grow RSS by ~380 MB over these 38 cells; the allocator's own swing is ~±50 MB
-    assert max(r0[2:]) - r0[1] < 128 * 2**20, [round(r / 2**20) for r in r0]
+    # of one per cell would grow RSS by ~380 MB over these 38 cells. The allocator swings with the 3-cap cycle
+    # (±70 MB measured, one low point sets no baseline): the median of the last 9 against that of cells 1-6
+    early, late = sorted(r0[1:7])[3], sorted(r0[-9:])[4]
+    assert late - early < 128 * 2**20, [round(r / 2**20) for r in r0]
 
 
 @pytest.mark.parametrize(("target", "cap", "steps", "converged"), [(0.9, 200, 5, True), (1e-9, 12, 12, False)])
