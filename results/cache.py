@@ -42,31 +42,30 @@ class CachedStore:
         self.store = Store.open(root)
         self._rows = RowCache(self.store.fs, max_rows)
         self._calibration: pd.DataFrame | None = None
+        self._profiles: pa.Table | None = None
         self._listed_at = float("-inf")
         self._lock = threading.Lock()
         self._manifests: dict[tuple[str, str], dict | None] = {}
         self._ipc_dir = tempfile.mkdtemp(prefix="ddpsweep-cache-")
-        self._ipc: tuple[object, object, tuple[str, str]] | None = None  # (rows, calibration, paths)
+        self._ipc: tuple[object, object, tuple[str, ...]] | None = None  # (rows, calibration, paths)
         self._ipc_lock = threading.Lock()
         self._memo: dict[tuple, tuple[object, object, float]] = {}  # key -> (rows snapshot, value, seconds)
         self._memo_locks = [threading.Lock() for _ in range(MEMO_LOCKS)]  # by key hash: bounded, whatever is asked
         self._memo_lock = threading.Lock()
         weakref.finalize(self, shutil.rmtree, self._ipc_dir, True)
 
-    def ipc_files(self) -> tuple[str, str]:
-        """The current rows and calibration as Arrow IPC files (for query children to memory-map), written
-        once per snapshot."""
+    def ipc_files(self) -> tuple[str, str, str]:
+        """The current rows, calibration and profiles as Arrow IPC files (for query children to memory-map),
+        written once per snapshot."""
         rows, calibration = self.table(), self.calibration()
         with self._ipc_lock:
             if self._ipc is not None and self._ipc[0] is rows and self._ipc[1] is calibration:
                 return self._ipc[2]
             stamp = f"{time.monotonic_ns()}"
-            paths = (
-                os.path.join(self._ipc_dir, f"rows-{stamp}.arrow"),
-                os.path.join(self._ipc_dir, f"cal-{stamp}.arrow"),
-            )
+            paths = tuple(os.path.join(self._ipc_dir, f"{part}-{stamp}.arrow") for part in ("rows", "cal", "profiles"))
             isolation.write_ipc(rows, paths[0])
             isolation.write_ipc(pa.Table.from_pandas(calibration, preserve_index=False), paths[1])
+            isolation.write_ipc(self.profiles(), paths[2])
             if self._ipc is not None:  # a child still mapping the old files keeps them until it ends
                 for old in self._ipc[2]:
                     os.unlink(old)
@@ -80,9 +79,9 @@ class CachedStore:
         self._listed_at = time.monotonic()
         before = self._rows.snapshot
         snapshot = self._rows.refresh(self.store.listing())
-        if snapshot is not before:  # new rows: calibration files are written with them, re-read it when needed
+        if snapshot is not before:  # new rows: calibration and profiles are written with them, re-read when needed
             with self._lock:
-                self._calibration = None
+                self._calibration = self._profiles = None
         return snapshot
 
     def memo(self, key: tuple, compute: Callable[[], T]) -> T:
@@ -128,6 +127,13 @@ class CachedStore:
         if sweep is not None:
             cal = cal[cal["sweep_id"] == sweep]
         return cal
+
+    def profiles(self) -> pa.Table:
+        """Every stored profile (Store.read_profiles), for the predictions beside the measurements."""
+        with self._lock:
+            if self._profiles is None:
+                self._profiles = self.store.read_profiles()
+            return self._profiles
 
     def rows(self, cluster: str | None = None, sweep: str | None = None, *, limit: int | None = None) -> pd.DataFrame:
         """The rows of one cluster and/or sweep, with load()'s errors for an empty store or unknown label, and

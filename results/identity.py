@@ -37,10 +37,10 @@ def with_knobs(rows: pd.DataFrame) -> pd.DataFrame:
     return rows.assign(**missing) if missing else rows
 
 
-def config_text(frame: pd.DataFrame) -> list[str]:
-    """Each line's configuration (CONFIG_KEYS) as text, to match lines of two frames: a column of nulls has no
-    one dtype (rows read it as strings, ok_cells as floats), so a merge on the columns themselves can fail."""
-    return ["|".join(show(v) for v in values) for values in frame[CONFIG_KEYS].itertuples(index=False)]
+def config_text(frame: pd.DataFrame, keys: list[str] | None = None) -> list[str]:
+    """Each line's configuration (`keys`, default CONFIG_KEYS) as text, to match lines of two frames: a column of
+    nulls has no one dtype (rows read it as strings, ok_cells as floats), so a merge on the columns can fail."""
+    return ["|".join(show(v) for v in values) for values in frame[keys or CONFIG_KEYS].itertuples(index=False)]
 
 
 def varying(frame: pd.DataFrame, keys: list[str] | None = None) -> list[str]:

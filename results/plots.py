@@ -60,9 +60,10 @@ def curve_label(curve: dict, panel: pd.DataFrame) -> str:
     return ", ".join([f"{curve['world_size']} ranks", f"no_sync={bool(curve['no_sync'])}", *extra])
 
 
-def u_curve_figure(rows: pd.DataFrame) -> Figure:
+def u_curve_figure(rows: pd.DataFrame, predicted: pd.DataFrame | None = None) -> Figure:
     """step_ms against bucket_cap_mb (log x): a panel per (cluster, gas), a line per curve (analysis.CURVE_KEYS:
-    everything but the bucket), labelled by what differs between the panel's lines."""
+    everything but the bucket), labelled by what differs between the panel's lines; with `predicted`
+    (results.predicted's cells), each curve's predicted steps dashed in its colour."""
     t = _ddp_cells(rows)
     t = t[t["bucket_cap_mb"].notna()]
     clusters, gases = sorted(t["cluster"].unique()) or ["-"], sorted(t["gas"].unique()) or [1]
@@ -81,6 +82,7 @@ def u_curve_figure(rows: pd.DataFrame) -> Figure:
                 label=curve_label(dict(zip(keys, key, strict=True)), sub),
             )
             _mark_indistinguishable(ax, line, color)
+            _predicted_line(ax, predicted, line, color)
         base = sub.dropna(subset=["baseline_step_ms"])
         if not base.empty:
             scaled = " (gas x gas-1 run)" if base["baseline_source"].iloc[0] == "gas1_scaled" else ""
@@ -97,6 +99,17 @@ def u_curve_figure(rows: pd.DataFrame) -> Figure:
         ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def _predicted_line(ax, predicted: pd.DataFrame | None, line: pd.DataFrame, color: str) -> None:
+    """The overlap model's steps for the cells of `line` (matched by configuration), dashed."""
+    if predicted is None or predicted.empty:
+        return
+    mine = predicted[predicted["predicted_ms"].notna()]
+    mine = mine[pd.Series(identity.config_text(mine), index=mine.index).isin(identity.config_text(line))]
+    if not mine.empty:
+        mine = mine.sort_values("bucket_cap_mb")
+        ax.plot(mine["bucket_cap_mb"], mine["predicted_ms"], "--", color=color, alpha=0.8, label="predicted")
 
 
 def efficiency_figure(rows: pd.DataFrame) -> Figure:

@@ -45,7 +45,8 @@ def views(root: str, sql: str | None = None) -> dict[str, pd.DataFrame | object]
     """The query views of a store (arrow table for `cells`, DataFrames for the analyses); with `sql`, only
     those it can use (see views_of)."""
     store = Store.open(root)
-    return views_of(store.read_table(columns=_columns(sql)), store.read_calibration(), sql, root)
+    profiles = store.read_profiles() if _uses(sql, *PREDICTED) else None
+    return views_of(store.read_table(columns=_columns(sql)), store.read_calibration(), sql, root, profiles)
 
 
 INTERVAL_COLUMNS = ["step_ms_ci_lo", "step_ms_ci_hi", "n_repeats", "n_steps"]
@@ -56,6 +57,10 @@ ANALYSES = {  # view -> the results.analysis function that builds it (imported o
     "no_sync_gain": "no_sync_gain",
     "gradient_checks": "gradient_checks",
 }
+
+
+PREDICTED = ("predicted", "u_curve")  # the views that set the overlap model's predictions beside the measurements
+ROW_VIEWS = (*INTERVAL_COLUMNS, *CELL_FLAGS, "cell_intervals", *ANALYSES, *PREDICTED)  # views built from whole rows
 
 
 def _uses(sql: str | None, *names: str) -> bool:
@@ -71,17 +76,22 @@ def _uses(sql: str | None, *names: str) -> bool:
 def _columns(sql: str | None) -> list[str] | None:
     """The row columns `sql` can reach (None: all): only those are decoded from the files. Every analysis
     view needs whole rows; otherwise a column is reached only through its name (or `*`, COLUMNS(...))."""
-    if _uses(sql, *INTERVAL_COLUMNS, *CELL_FLAGS, "cell_intervals", *ANALYSES):
+    if _uses(sql, *ROW_VIEWS):
         return None
     text = sql.lower() if sql else ""
     return [f.name for f in SCHEMA if f.name in text]
 
 
 def views_of(
-    table: pa.Table, calibration: pd.DataFrame | pa.Table, sql: str | None = None, root: str = "the store"
+    table: pa.Table,
+    calibration: pd.DataFrame | pa.Table,
+    sql: str | None = None,
+    root: str = "the store",
+    profiles: pa.Table | None = None,
 ) -> dict[str, pd.DataFrame | object]:
-    """The views over rows already read (the server keeps them in memory). pandas and the analyses are imported
-    only for a query that reaches an analysis view: `select count(*) from cells` needs neither."""
+    """The views over rows already read (the server keeps them in memory); `profiles`: Store.read_profiles(),
+    for the predictions. pandas and the analyses are imported only for a query that reaches an analysis view:
+    `select count(*) from cells` needs neither."""
     if table.num_rows == 0 and len(calibration) == 0:
         raise StoreNotFound(f"no results under {root!r}: run a sweep first (ddpsweep run SPEC --results {root})")
     out: dict[str, pd.DataFrame | object] = {"calibration": calibration}
@@ -89,7 +99,7 @@ def views_of(
     if columns is not None:  # the CLI reads only these; the server narrows its cached rows the same way
         keep = set(reader.projection(columns).names)
         table = table.select([c for c in table.column_names if c in keep])
-    rows = table.to_pandas() if _uses(sql, *INTERVAL_COLUMNS, *CELL_FLAGS, "cell_intervals", *ANALYSES) else None
+    rows = table.to_pandas() if _uses(sql, *ROW_VIEWS) else None
     if rows is not None:
         from results import analysis
     if rows is not None and _uses(sql, *INTERVAL_COLUMNS, "cell_intervals"):
@@ -106,7 +116,20 @@ def views_of(
     for name, function in ANALYSES.items():
         if rows is not None and _uses(sql, name):
             out[name] = getattr(analysis, function)(rows)
+    if rows is not None and _uses(sql, *PREDICTED):
+        out |= _predicted_views(rows, calibration, profiles, out.get("u_curve"))
     return out
+
+
+def _predicted_views(rows: pd.DataFrame, calibration, profiles: pa.Table | None, u_curve) -> dict[str, pd.DataFrame]:
+    """`predicted` (each measured DDP cell beside its prediction) and u_curve with each curve's accuracy."""
+    from results import predicted
+
+    frame = calibration.to_pandas() if isinstance(calibration, pa.Table) else calibration
+    given = predicted.profiles_of(None if profiles is None else profiles.to_pandas())
+    out = predicted.compare(rows, given, frame) if given else None
+    cells = predicted.cell_view(out) if out else predicted.empty_view()
+    return {"predicted": cells} | ({} if u_curve is None else {"u_curve": predicted.with_accuracy(u_curve, out)})
 
 
 def _cells_view() -> str:
@@ -333,11 +356,13 @@ def _shown(v: object) -> str:
     return str(v)
 
 
-def query_in_child(rows_ipc: str, calibration_ipc: str, sql: str, *, timeout_s: float, max_rows: int) -> pd.DataFrame:
-    """Run `sql` over the rows and calibration in the two Arrow IPC files in a child process under
+def query_in_child(
+    rows_ipc: str, calibration_ipc: str, profiles_ipc: str, sql: str, *, timeout_s: float, max_rows: int
+) -> pd.DataFrame:
+    """Run `sql` over the rows, calibration and profiles in the Arrow IPC files in a child process under
     results.isolation's limits (the child maps the server's cached rows and builds the views it needs, so the
     analysis views' bootstraps are inside the deadline too); the result as a DataFrame, or QueryError."""
-    args = (rows_ipc, calibration_ipc, sql, timeout_s, max_rows, isolation.MAX_RESULT_BYTES)
+    args = (rows_ipc, calibration_ipc, profiles_ipc, sql, timeout_s, max_rows, isolation.MAX_RESULT_BYTES)
     kind, payload = isolation.run_in_child(_query_in_child, args, timeout_s=timeout_s, preload=("results.query",))
     if kind == "error":
         raise QueryError(payload)
@@ -345,13 +370,14 @@ def query_in_child(rows_ipc: str, calibration_ipc: str, sql: str, *, timeout_s: 
 
 
 def _query_in_child(
-    rows_ipc: str, calibration_ipc: str, sql: str, timeout_s: float, max_rows: int, max_bytes: int
+    rows_ipc: str, calibration_ipc: str, profiles_ipc: str, sql: str, timeout_s: float, max_rows: int, max_bytes: int
 ) -> tuple[str, object]:
     """The child's part: ("ok", Arrow IPC bytes) or ("error", one line)."""
     try:
         rows = pa.ipc.open_file(pa.memory_map(rows_ipc)).read_all()
         calibration = pa.ipc.open_file(pa.memory_map(calibration_ipc)).read_all().to_pandas()
-        frames = views_of(rows, calibration, sql)
+        profiles = pa.ipc.open_file(pa.memory_map(profiles_ipc)).read_all()
+        frames = views_of(rows, calibration, sql, profiles=profiles)
         table = query_arrow(sql, frames, timeout_s=timeout_s, max_rows=max_rows, max_bytes=max_bytes)
         return "ok", isolation.to_ipc(table, max_bytes)
     except QueryError as e:

@@ -52,9 +52,13 @@ class Section:
 
 
 def figures(
-    rows: pd.DataFrame, algbw_bytes_per_s: float | None = None, calibration: pd.DataFrame | None = None
+    rows: pd.DataFrame,
+    algbw_bytes_per_s: float | None = None,
+    calibration: pd.DataFrame | None = None,
+    prediction: dict | None = None,
 ) -> dict[str, Figure]:
-    """The report's figures by file stem (only those the rows can support)."""
+    """The report's figures by file stem (only those the rows can support); `prediction` (results.predicted's
+    comparison) adds each curve's predicted steps to the U-curve, dashed."""
     out = {}
     if calibration is not None and not calibration.empty:
         out["calibration"] = plots.calibration_figure(calibration)
@@ -62,7 +66,7 @@ def figures(
     if scaling.topologies(rows) > 1:
         out["scaling"] = plots.scaling_figure(scaling.scaling(rows, calibration))
     if not ddp.empty:
-        out["u_curve"] = plots.u_curve_figure(rows)
+        out["u_curve"] = plots.u_curve_figure(rows, None if prediction is None else prediction["cells"])
         out["efficiency"] = plots.efficiency_figure(rows)
         if (ddp["gas"] > 1).any():
             out["no_sync"] = plots.no_sync_figure(rows)
@@ -84,20 +88,16 @@ def write_pngs(
     out_dir: str | Path,
     algbw_bytes_per_s: float | None = None,
     calibration: pd.DataFrame | None = None,
-) -> list[Path]:
-    with RENDER_LOCK:
-        return _write_pngs(rows, out_dir, algbw_bytes_per_s, calibration)
-
-
-def _write_pngs(
-    rows: pd.DataFrame, out_dir: str | Path, algbw_bytes_per_s: float | None, calibration: pd.DataFrame | None
+    prediction: dict | None = None,
 ) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for stem, fig in figures(rows, algbw_bytes_per_s, calibration).items():
+    with RENDER_LOCK:
+        drawn = {stem: _png(fig) for stem, fig in figures(rows, algbw_bytes_per_s, calibration, prediction).items()}
+    for stem, png in drawn.items():
         path = out / f"{stem}.png"
-        path.write_bytes(_png(fig))
+        path.write_bytes(png)
         paths.append(path)
     return paths
 
@@ -197,7 +197,31 @@ def _recommendations(rows: pd.DataFrame) -> list[dict]:
     ]
 
 
-def _sections(rows: pd.DataFrame, calibration: pd.DataFrame | None) -> list[Section]:
+PREDICTION_NOTE = (
+    "The overlap model (`ddpsweep predict`) from the cluster's profile of the workload and its newest calibration: "
+    "per curve, median |predicted / measured - 1|, Spearman rank correlation and whether the predicted best lies "
+    "in the measured indistinguishable set, at the profile's compute (slowdown 1) and at one compute factor fitted "
+    "to the sweep's cells (_fitted)."
+)
+PREDICTED_CELL_COLUMNS = ["cluster", "world_size", "gas", "no_sync", "bucket_cap_mb", "step_ms", "predicted_ms"]
+PREDICTED_CELL_COLUMNS += ["prediction_error", "predicted_ms_fitted", "prediction_error_fitted", "prediction_note"]
+
+
+def prediction_tables(prediction: dict) -> list[Section]:
+    """Each curve's accuracy, then each cell's predicted step beside its measured one."""
+    from results import predicted
+
+    curves = predicted.accuracy_table(prediction)
+    listed = curves["indistinguishable_mb"].map(lambda bs: ", ".join(f"{b:g}" for b in bs))
+    curves = curves.assign(indistinguishable_mb=listed)
+    cells = _with_intervals(predicted.cell_view(prediction), ["step_ms"])
+    return [
+        Section("Predicted beside measured: each curve", _table(curves, predicted.ACCURACY_COLUMNS), [PREDICTION_NOTE]),
+        Section("Predicted beside measured: each cell", _table(cells, PREDICTED_CELL_COLUMNS)),
+    ]
+
+
+def _sections(rows: pd.DataFrame, calibration: pd.DataFrame | None, prediction: dict | None = None) -> list[Section]:
     curve = analysis.u_curve(rows)
     if not curve.empty:
         listed = curve["indistinguishable_buckets_mb"].map(lambda bs: ", ".join(f"{b:g}" for b in bs))
@@ -210,6 +234,8 @@ def _sections(rows: pd.DataFrame, calibration: pd.DataFrame | None) -> list[Sect
         Section("no_sync gain", _table(gain, NO_SYNC_COLUMNS)),
         Section("All cells", _table(cells, CELL_COLUMNS)),
     ]
+    if prediction is not None:
+        sections += prediction_tables(prediction)
     if scaling.topologies(rows) > 1:
         sections += scaling_tables(rows, calibration)
     if calibration is not None and not calibration.empty:
@@ -224,14 +250,18 @@ def _sections(rows: pd.DataFrame, calibration: pd.DataFrame | None) -> list[Sect
 
 
 def render_html(
-    rows: pd.DataFrame, title: str, algbw_bytes_per_s: float | None = None, calibration: pd.DataFrame | None = None
+    rows: pd.DataFrame,
+    title: str,
+    algbw_bytes_per_s: float | None = None,
+    calibration: pd.DataFrame | None = None,
+    prediction: dict | None = None,
 ) -> str:
-    """The whole report as one HTML string (the sweep's own calibration used where there is one), rendered from
-    `results/templates/report.html` with every value escaped."""
+    """The whole report as one HTML string (the sweep's own calibration used where there is one; `prediction`:
+    results.predicted's comparison), rendered from `results/templates/report.html` with every value escaped."""
     with RENDER_LOCK:
         images = [
             (stem, base64.b64encode(_png(fig)).decode())
-            for stem, fig in figures(rows, algbw_bytes_per_s, calibration).items()
+            for stem, fig in figures(rows, algbw_bytes_per_s, calibration, prediction).items()
         ]
     return PAGES.get_template("report.html").render(
         title=title,
@@ -243,5 +273,5 @@ def render_html(
         images=images,
         recommendations=_recommendations(rows),
         target_rel=f"{analysis.TARGET_REL:.0%}",
-        sections=_sections(rows, calibration),
+        sections=_sections(rows, calibration, prediction),
     )

@@ -28,6 +28,8 @@ from results.errors import LabelError, ResultsError, StoreFull, StoreNotFound, U
 from results.reader import FileStat
 from results.schema import CALIBRATION, conform_to, row_table
 
+PROFILES = pa.schema([("cluster", pa.string()), ("key", pa.string()), ("profile", pa.string())])
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -161,6 +163,21 @@ class Store:
         return self.write_atomic(
             folder, f"_profile-{require_label('profile', key)}.parquet", lambda o: pq.write_table(table, o)
         )
+
+    def read_profiles(self) -> pa.Table:
+        """Every stored profile: (cluster, key, profile as JSON), for the views that set predictions beside
+        measurements (results.predicted)."""
+        rows = []
+        for folder in self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True)):
+            if folder.type != pafs.FileType.Directory or not folder.base_name.startswith("cluster="):
+                continue
+            for info in self.fs.get_file_info(pafs.FileSelector(folder.path)):
+                name = info.base_name
+                if info.type == pafs.FileType.File and name.startswith("_profile-") and name.endswith(".parquet"):
+                    profile = pq.read_table(info.path, filesystem=self.fs).column("profile")[0].as_py()
+                    key = name.removeprefix("_profile-").removesuffix(".parquet")
+                    rows.append({"cluster": folder.base_name.removeprefix("cluster="), "key": key, "profile": profile})
+        return pa.Table.from_pylist(rows, schema=PROFILES)
 
     def read_profile(self, cluster: str, key: str) -> dict | None:
         """The stored profile of `key` on `cluster`, or None."""

@@ -12,7 +12,13 @@ VIEWS: dict[str, str] = {
     "scaled by gas stood in).",
     "u_curve": "One line per U-curve (everything but the bucket fixed): the best bucket, the buckets "
     "indistinguishable from it, the largest bucket's step, the overlap saved, min_resolvable_rel and "
-    "rounds_for_target.",
+    "rounds_for_target; where the cluster has a profile of the workload (`ddpsweep predict`), the overlap "
+    "model's predicted best bucket, whether it lies in the indistinguishable set, and the curve's median "
+    "|predicted / measured - 1| and Spearman rank correlation, at slowdown 1 and at the slowdown fitted per "
+    "placement (`_fitted`).",
+    "predicted": "Every measured DDP configuration beside the overlap model's step (from the cluster's stored "
+    "profile of its workload and newest calibration): predicted_ms and prediction_error at slowdown 1 and at "
+    "the fitted slowdown; prediction_note says why a configuration has no prediction.",
     "no_sync_gain": "Per (placement, gas > 1, bucket): the step with and without no_sync() and what skipping "
     "the all-reduce on gas-1 micro-steps saved, with its interval.",
     "gradient_checks": "Every checked configuration's gradient check: exact, approximate or failed, the median "

@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from results import compare as compare_mod
+from results import predicted
 from results import query as query_mod
 from results import recommend as recommend_mod
 from results.cache import ANALYSIS_MAX_ROWS, DOWNLOAD_MAX_ROWS, STORE_MAX_ROWS, CachedStore
@@ -227,9 +228,8 @@ def _cached_query(cache: CachedStore, sql: str) -> pd.DataFrame:
     query_mod.check_read_only(sql)  # refused before anything is computed
     if cache.table().num_rows == 0 and cache.calibration().empty:
         raise StoreNotFound(f"no results under {cache.root!r}: run a sweep first")
-    rows_ipc, calibration_ipc = cache.ipc_files()
     return query_mod.query_in_child(
-        rows_ipc, calibration_ipc, sql, timeout_s=query_mod.QUERY_TIMEOUT_S, max_rows=query_mod.MAX_RESULT_ROWS
+        *cache.ipc_files(), sql, timeout_s=query_mod.QUERY_TIMEOUT_S, max_rows=query_mod.MAX_RESULT_ROWS
     )
 
 
@@ -375,7 +375,8 @@ def add_result_routes(app: FastAPI, settings: ServiceSettings, cache: CachedStor
             rows = cache.rows(_label("cluster", cluster), _label("sweep", sweep), limit=ANALYSIS_MAX_ROWS)
             calibration = cache.calibration(cluster, sweep)
             title = f"ddpsweep report: {cluster or 'all clusters'}{' / ' + sweep if sweep else ''}"
-            return render_html(rows, title, calibration=calibration)
+            model = predicted.for_rows(rows, cache.profiles().to_pandas(), cache.calibration(cluster))
+            return render_html(rows, title, calibration=calibration, prediction=model)
 
         return cache.memo(("report", cluster, sweep), render)  # once per version of the store
 

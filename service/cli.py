@@ -245,17 +245,19 @@ def predict(
     every curve: from the cluster's calibration (`ddpsweep calibrate`) and a profile of the workload (run here,
     on this machine's device, and stored, when the store has none). With --sweep: predicted beside measured,
     each cell's prediction_error and each curve's accuracy."""
-    from results.store import Store, load
+    from results import predicted
+    from results.store import Store, load, load_calibration
     from sweeps import predict as model
-    from sweeps import predicted
     from sweeps.specfile import load_spec
 
     try:
         parsed = load_spec(spec)
         root, label = results or parsed.results, cluster or parsed.cluster
-        given = model.inputs(parsed, Store.open(root), label)
+        store = Store.open(root)
+        given = model.inputs(parsed, store, label)
         if sweep is not None:
-            out = predicted.compare(given, load(root, cluster=label, sweep=sweep))
+            rows, calibration = load(root, cluster=label, sweep=sweep), load_calibration(root, label)
+            out = predicted.compare(rows, predicted.profiles_of(store.read_profiles().to_pandas()), calibration)
     except DDPSweepError as e:
         raise fail(str(e)) from None
     if sweep is not None:

@@ -181,8 +181,9 @@ def report(
     """A self-contained HTML report (figures embedded, every table with its intervals), or the figures as PNGs."""
     import pandas as pd
 
+    from results import predicted
     from results.report import render_html, write_pngs
-    from results.store import load, load_calibration
+    from results.store import Store, load, load_calibration
 
     try:
         if fmt not in ("html", "png"):
@@ -190,15 +191,17 @@ def report(
         rows = pd.concat([load(results, cluster=c, sweep=sweep) for c in (cluster or [None])], ignore_index=True)
         algbw = algbw_gbps * 1e9 if algbw_gbps else None
         calibration = pd.concat([load_calibration(results, c, sweep) for c in (cluster or [None])])
+        newest = pd.concat([load_calibration(results, c) for c in (cluster or [None])])  # the model's t(bytes)
+        model = predicted.for_rows(rows, Store.open(results).read_profiles().to_pandas(), newest)
         if fmt == "png":
-            written = write_pngs(rows, out, algbw, calibration)
+            written = write_pngs(rows, out, algbw, calibration, model)
             if not written:
                 raise ConfigError("--results", results, "a store with ok rows to draw (every row is an error)")
             for path in written:
                 echo(str(path))
             return
         title = f"ddpsweep report: {', '.join(cluster or ['all clusters'])}"
-        Path(out).write_text(render_html(rows, title, algbw, calibration))
+        Path(out).write_text(render_html(rows, title, algbw, calibration, model))
         echo(out)
     except DDPSweepError as e:
         raise fail(str(e)) from None

@@ -17,7 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from results import analysis, identity, recommend, scaling
+from results import analysis, identity, predicted, recommend, scaling
 from results import compare as compare_mod
 from results.cache import ANALYSIS_MAX_ROWS, CachedStore
 from service.clusterstate import ClusterState
@@ -132,12 +132,14 @@ def _finite(v) -> float | None:
     return float(v) if v is not None and not pd.isna(v) and math.isfinite(float(v)) else None
 
 
-def curve_series(cells: pd.DataFrame, y: str, label: str = "") -> list[Series]:
+def curve_series(cells: pd.DataFrame, y: str, label: str = "", predicted: pd.DataFrame | None = None) -> list[Series]:
     """One series per curve (analysis.CURVE_KEYS) over bucket_cap_mb, with the y interval where known; the name
-    says what differs from the other series (hook, timing, sweep, …) beside world, nodes, gas and no_sync."""
+    says what differs from the other series (hook, timing, sweep, …) beside world, nodes, gas and no_sync.
+    With `predicted` (results.predicted's cells), each curve's predicted steps follow it, dashed."""
     ddp = cells[(cells["mode"] == "ddp") & cells["bucket_cap_mb"].notna()]
     several = ddp["num_nodes"].nunique() > 1
     keys = [k for k in analysis.CURVE_KEYS if k != "cluster"]
+    model = _by_curve(predicted, keys)
     out = []
     for key, g in ddp.groupby(keys, dropna=False):
         curve = dict(zip(keys, key, strict=True))
@@ -146,7 +148,18 @@ def curve_series(cells: pd.DataFrame, y: str, label: str = "") -> list[Series]:
         name = f"{label}{where} gas={gas}{' no_sync' if curve['no_sync'] else ''}"
         extra = analysis.varying(curve, ddp, shown=("world_size", "num_nodes", "gas", "no_sync"))
         out.append(Series(" ".join([name, *extra]), _points(g, "bucket_cap_mb", y)))
+        mine = model.get(identity.config_text(g.head(1), keys)[0])
+        if mine is not None:
+            out.append(Series(f"{out[-1].name} predicted", _points(mine, "bucket_cap_mb", "predicted_ms"), True))
     return out
+
+
+def _by_curve(predicted: pd.DataFrame | None, keys: list[str]) -> dict[str, pd.DataFrame]:
+    """The predicted cells of each curve, by the curve's configuration as text."""
+    if predicted is None or predicted.empty:
+        return {}
+    predicted = predicted[predicted["predicted_ms"].notna()]
+    return {k: g for k, g in predicted.groupby(identity.config_text(predicted, keys))}
 
 
 def _points(frame: pd.DataFrame, x: str, y: str) -> list[Point]:
@@ -227,8 +240,16 @@ def sweep_context(cache: CachedStore, rows: pd.DataFrame, cluster: str, sweep: s
     checks = analysis.gradient_checks(rows)
     cal = cache.calibration(cluster, sweep)
     gain = analysis.no_sync_gain(rows)
+    model = prediction(cache, rows, cluster)
     charts = [
-        curve_chart(cells, "step_ms", "U-curve: step time vs bucket", "step ms (median, 95% interval)", "u_curve"),
+        curve_chart(
+            cells,
+            "step_ms",
+            "U-curve: step time vs bucket" + (" (dashed: predicted)" if model else ""),
+            "step ms (median, 95% interval)",
+            "u_curve",
+            None if model is None else model["cells"],
+        ),
         curve_chart(cells, "efficiency", "scaling efficiency vs bucket", "efficiency", "efficiency"),
     ]
     return {
@@ -239,6 +260,7 @@ def sweep_context(cache: CachedStore, rows: pd.DataFrame, cluster: str, sweep: s
         "n_planted": int(analysis.planted(rows).sum()),
         "charts": charts,
         "best": table_context(analysis.u_curve(rows), BEST_COLUMNS, "best"),
+        "prediction": None if model is None else accuracy_context(model),
         "recs": recommend.recommend(rows),
         "scaling": scaling_context(rows, cal) if scaling.topologies(rows) > 1 else None,
         "no_sync": None if gain.empty else table_context(gain, NO_SYNC_COLUMNS, "no_sync"),
@@ -249,8 +271,19 @@ def sweep_context(cache: CachedStore, rows: pd.DataFrame, cluster: str, sweep: s
     }
 
 
-def curve_chart(cells: pd.DataFrame, y: str, title: str, y_label: str, chart_id: str) -> markupsafe.Markup:
-    series = curve_series(cells, y)
+def prediction(cache: CachedStore, rows: pd.DataFrame, cluster: str) -> dict[str, pd.DataFrame] | None:
+    """The overlap model beside the sweep's cells (results.predicted), from the cluster's newest calibration."""
+    return predicted.for_rows(rows, cache.profiles().to_pandas(), cache.calibration(cluster))
+
+
+def accuracy_context(model: dict[str, pd.DataFrame]) -> dict:
+    return table_context(predicted.accuracy_table(model), predicted.ACCURACY_COLUMNS, "prediction")
+
+
+def curve_chart(
+    cells: pd.DataFrame, y: str, title: str, y_label: str, chart_id: str, predicted: pd.DataFrame | None = None
+) -> markupsafe.Markup:
+    series = curve_series(cells, y, predicted=predicted)
     chart = line_chart(series, title=title, log_x=True, x_label="bucket_cap_mb", y_label=y_label, chart_id=chart_id)
     return markupsafe.Markup(chart)  # service.svg escapes every text it draws
 

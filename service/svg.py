@@ -25,6 +25,7 @@ class Point:
 class Series:
     name: str
     points: list[Point]
+    dashed: bool = False  # drawn dashed in the colour of the solid series before it (a prediction beside it)
 
 
 def _ticks(lo: float, hi: float, log: bool) -> list[float]:
@@ -69,8 +70,10 @@ def line_chart(
         f"<text x='{PAD_L}' y='16' class='title'>{html.escape(title)}</text>",
     ]
     out += _axes(x0, x1, y0, y1, log_x, px, py, x_label, y_label)
+    solid = -1
     for i, s in enumerate(series):
-        out += _series(s, COLORS[i % len(COLORS)], i, px, py, x_label, y_label)
+        solid += 0 if s.dashed and solid >= 0 else 1
+        out += _series(s, COLORS[solid % len(COLORS)], i, px, py, x_label, y_label)
     out.append("</svg>")
     return "".join(out)
 
@@ -104,9 +107,10 @@ def _axes(x0, x1, y0, y1, log_x, px, py, x_label, y_label) -> list[str]:
 def _series(s: Series, color: str, i: int, px, py, x_label: str, y_label: str) -> list[str]:
     pts = sorted((p for p in s.points if math.isfinite(p.y)), key=lambda p: p.x)
     path = " ".join(f"{px(p.x):.1f},{py(p.y):.1f}" for p in pts)
+    dash = " stroke-dasharray='6 4'" if s.dashed else ""
     out = [
         f"<g class='series' data-series='{html.escape(s.name)}'>",
-        f"<polyline points='{path}' fill='none' stroke='{color}' stroke-width='2'/>",
+        f"<polyline points='{path}' fill='none' stroke='{color}' stroke-width='2'{dash}/>",
     ]
     for p in pts:
         interval = ""

@@ -8,22 +8,18 @@ has none for the workload, micro-batch, device and torch version; run it on a no
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
 
-from results import costmodel, overlap
+from results import predicted
 from results.errors import ResultsError
 from results.overlap import Profile
 from results.store import Store, load_calibration
 from sweeps.grid import Cell, expand
 from sweeps.spec import SweepSpec
-
-NOT_MODELED = {"powersgd": "PowerSGD's low-rank exchange is not DDP's buckets"}
 
 
 class NoCalibration(ResultsError):
@@ -32,9 +28,7 @@ class NoCalibration(ResultsError):
 
 def profile_key(cell: Cell, device: str, torch_version: str) -> str:
     """What a profile is of: the workload (and its planned shapes), the micro-batch, the device, torch."""
-    s = cell.step
-    what = [s.model, s.workload, s.workload_args, s.workload_fingerprint, s.micro_batch, s.seq_len, s.seed]
-    return hashlib.sha256(json.dumps([*what, device, torch_version]).encode()).hexdigest()[:16]
+    return predicted.profile_key(asdict(cell.step), device, torch_version)
 
 
 def profiles(spec: SweepSpec, cells: list[Cell], store: Store, cluster: str) -> dict[str, tuple[Profile, bool]]:
@@ -59,49 +53,28 @@ def profiles(spec: SweepSpec, cells: list[Cell], store: Store, cluster: str) -> 
     return out
 
 
-def placement_fits(store: Store, cluster: str, cells: list[Cell]) -> dict[tuple, pd.Series]:
-    """Per (world size, nodes) the newest calibration fit of the cluster; NoCalibration naming the first missing."""
-    calibration = load_calibration(store.uri, cluster)
-    fits = costmodel.fits(calibration) if len(calibration) else None
+def placement_costs(store: Store, cluster: str, cells: list[Cell]) -> dict[tuple, predicted.Cost]:
+    """Per (world size, nodes): t(bytes) from the cluster's newest calibration; NoCalibration naming the first
+    placement without one."""
+    costs = predicted.newest_costs(load_calibration(store.uri, cluster))
     out = {}
     for cell in cells:
         place = (cell.world_size, cell.num_nodes)
         if cell.world_size < 2 or place in out:
             continue
-        mine = None if fits is None else fits[(fits["world_size"] == place[0]) & (fits["num_nodes"] == place[1])]
-        if mine is None or mine.empty:
+        if (cluster, *place) not in costs:
             raise NoCalibration(
                 f"no calibration of {cell.topology} on cluster {cluster!r} in {store.uri}: run `ddpsweep calibrate "
                 "SPEC` with the same --results and --cluster first (it measures t(bytes) on those ranks)"
             )
-        out[place] = mine.sort_values("sweep_id").iloc[-1]
+        out[place] = costs[(cluster, *place)]
     return out
 
 
-def predict_cell(cell: Cell, prof: Profile, fit: pd.Series | None, slowdown: float = 1.0) -> dict:
+def predict_cell(cell: Cell, prof: Profile, t: predicted.Cost | None, slowdown: float = 1.0) -> dict:
     """The model's step for one cell (None with the reason where it is not modeled)."""
-    s = cell.step
-    out = {"cell_id": cell.cell_id, "topology": cell.topology, **asdict(s)}
-    if s.compile or s.comm_hook in NOT_MODELED:
-        why = "compiled steps are not modeled" if s.compile else NOT_MODELED[s.comm_hook]
-        return out | {"predicted_ms": None, "comm_ms": None, "exposed_ms": None, "note": why}
-    compute = (prof.forward_ms + prof.backward_ms) * slowdown
-    if s.mode == "single" or fit is None:
-        step_ms = compute * s.gas + prof.optimizer_ms * slowdown
-        return out | {"predicted_ms": step_ms, "comm_ms": 0.0, "exposed_ms": 0.0, "note": None}
-    t = lambda nbytes: float(costmodel.predict_ms(fit, [nbytes])[0])  # noqa: E731
-    if s.mode == "naive":  # one blocking all-reduce per gradient after the backward
-        comm = sum(t(b) for b in prof.nbytes)
-        synced = 1 if s.no_sync else s.gas
-        return out | {
-            "predicted_ms": compute * s.gas + comm * synced + prof.optimizer_ms * slowdown,
-            "comm_ms": comm,
-            "exposed_ms": comm,
-            "note": None,
-        }
-    buckets = overlap.layout_for(prof, s.bucket_cap_mb, s.first_bucket_mb)
-    step = overlap.predict_step(prof, buckets, t, gas=s.gas, no_sync=s.no_sync, hook=s.comm_hook, slowdown=slowdown)
-    return out | {"predicted_ms": step.step_ms, "comm_ms": step.comm_ms, "exposed_ms": step.exposed_ms, "note": None}
+    out = {"cell_id": cell.cell_id, "topology": cell.topology, **asdict(cell.step)}
+    return out | {"note": None} | predicted.predict_one(asdict(cell.step), prof, t, slowdown)
 
 
 @dataclass(frozen=True)
@@ -109,7 +82,7 @@ class Inputs:
     """What predictions are made from: the spec's cells, each placement's fit and each workload's profile."""
 
     cells: list[Cell]
-    fits: dict[tuple, pd.Series]
+    costs: dict[tuple, predicted.Cost]
     profiles: dict[str, tuple[Profile, bool]]
     device: str
 
@@ -128,9 +101,9 @@ def inputs(spec: SweepSpec, store: Store, cluster: str) -> Inputs:
     import torch
 
     cells = expand(spec)
-    fits = placement_fits(store, cluster, cells)
+    costs = placement_costs(store, cluster, cells)
     device = "cuda" if spec.use_gpu is not False and torch.cuda.is_available() else "cpu"
-    return Inputs(cells, fits, profiles(spec, cells, store, cluster), device)
+    return Inputs(cells, costs, profiles(spec, cells, store, cluster), device)
 
 
 def predictions(given: Inputs, slowdown: dict[tuple, float] | None = None) -> pd.DataFrame:
@@ -139,7 +112,9 @@ def predictions(given: Inputs, slowdown: dict[tuple, float] | None = None) -> pd
     rows = []
     for c in given.cells:
         s = (slowdown or {}).get((c.world_size, c.num_nodes), 1.0)
-        rows.append(predict_cell(c, given.profile(c), given.fits.get((c.world_size, c.num_nodes)), s) | {"slowdown": s})
+        rows.append(
+            predict_cell(c, given.profile(c), given.costs.get((c.world_size, c.num_nodes)), s) | {"slowdown": s}
+        )
     return mark_best(pd.DataFrame(rows))
 
 

@@ -70,36 +70,46 @@ def test_predict_without_a_calibration_names_the_command_that_makes_one(tmp_path
     assert "no calibration of 1x2 on cluster 'lab'" in out.output and "ddpsweep calibrate SPEC" in out.output
 
 
+def measured(root: str, slowdown: float = 1.5, sweep: str = "m-1") -> tuple:
+    """A calibrated store with a profile, and a sweep whose steps are the model's own at compute x `slowdown`
+    (3 repeats each, through the store: a column of nulls reads back as it does from a sweep); (given, truth at
+    slowdown 1 by cell id)."""
+    from dataclasses import asdict
+
+    import torch
+
+    from results.schema import COLUMNS
+    from sweeps import predict
+    from sweeps.specfile import parse_spec
+    from tests.test_identity import base
+
+    calibrate(root)
+    spec = parse_spec(SPEC.replace("comm_hook: [none, powersgd]\n", ""))
+    given = predict.inputs(spec, Store.open(root), "lab")
+    slowed = predict.predictions(given, {(2, 1): slowdown}).set_index("cell_id")["predicted_ms"]
+    store, columns = Store.open(root), set(COLUMNS)
+    for cell in (c for c in given.cells if c.step.mode == "ddp"):
+        knobs = asdict(cell.step) | {"world_size": 2, "num_nodes": 1, "backend": "gloo", "env_grid": "{}"}
+        knobs |= {"device_type": "cpu", "torch_version": torch.__version__}  # what the profile is keyed by
+        for rep in range(3):
+            r = base("lab", rep, float(slowed[cell.cell_id])) | knobs | {"cell_id": cell.cell_id}
+            store.write_row({k: v for k, v in r.items() if k in columns} | {"sweep_id": sweep, "cluster": "lab"})
+    return given, predict.predictions(given).set_index("cell_id")["predicted_ms"]
+
+
 def test_predicted_beside_measured_gives_each_curve_its_accuracy_and_fits_one_slowdown(tmp_path):
     """Measured steps made from the model itself at compute x1.5: at slowdown 1 every prediction is low by a
     known amount, the rank order is right and the best is in the measured set; the fitted slowdown is 1.5 and
     leaves no error."""
-    from dataclasses import asdict
-
     import pytest
 
-    from results.schema import COLUMNS
-    from results.store import load
-    from sweeps import predict, predicted
-    from sweeps.specfile import parse_spec
-    from tests.test_identity import base
+    from results import predicted
+    from results.store import load, load_calibration
 
     root = str(tmp_path / "r")
-    calibrate(root)
-    spec = parse_spec(SPEC.replace("comm_hook: [none, powersgd]\n", ""))
-    given = predict.inputs(spec, Store.open(root), "lab")
-    truth = predict.predictions(given, {(2, 1): 1.5}).set_index("cell_id")["predicted_ms"]
-    rows = []
-    for cell in given.cells:
-        if cell.step.mode != "ddp":
-            continue
-        for rep in range(3):
-            knobs = asdict(cell.step) | {"world_size": 2, "num_nodes": 1, "backend": "gloo", "env_grid": "{}"}
-            rows.append(base("lab", rep, float(truth[cell.cell_id])) | knobs | {"cell_id": cell.cell_id})
-    store, columns = Store.open(root), set(COLUMNS)
-    for r in rows:  # through the store and back, as a sweep's rows come (a column of nulls reads as it does there)
-        store.write_row({k: v for k, v in r.items() if k in columns} | {"sweep_id": "m-1", "cluster": "lab"})
-    out = predicted.compare(given, load(root, cluster="lab", sweep="m-1"))
+    measured(root)
+    profiles = predicted.profiles_of(Store.open(root).read_profiles().to_pandas())
+    out = predicted.compare(load(root, cluster="lab", sweep="m-1"), profiles, load_calibration(root, "lab"))
     assert len(out["curves"]) == 3 and len(out["cells"]) == 9
     assert (out["cells"]["prediction_error"] < -0.05).all()  # compute as profiled alone: too fast
     assert out["curves"]["spearman"].min() > 0.4
@@ -107,3 +117,59 @@ def test_predicted_beside_measured_gives_each_curve_its_accuracy_and_fits_one_sl
     assert fitted["slowdown"].tolist() == [pytest.approx(1.5, rel=0.02)] * 3
     assert fitted["median_abs_error"].max() < 0.02 and fitted["predicted_best_in_set"].all()
     assert "slowdown fitted per placement:" in predicted.to_text(out)
+
+
+def query(root: str, sql: str) -> list[dict]:
+    out = CliRunner().invoke(app, ["query", sql, "--results", root, "--format", "json"])
+    assert out.exit_code == 0, out.output
+    return json.loads(out.output)
+
+
+def test_the_views_the_page_and_the_report_set_predictions_beside_measurements(tmp_path):
+    """After a sweep on a cluster with a stored profile: the `predicted` view (CLI and the server's child), the
+    u_curve view's accuracy columns, the sweep page's dashed predicted lines and table, the report's sections."""
+    import re
+
+    import pytest
+    from fastapi.testclient import TestClient
+
+    from service.api import ServiceSettings, create_app
+
+    root = str(tmp_path / "r")
+    _, truth = measured(root)
+    cells = query(root, "select cell_id, step_ms, predicted_ms, prediction_error, slowdown_fitted from predicted")
+    assert len(cells) == 9
+    for c in cells:
+        assert c["predicted_ms"] == pytest.approx(truth[c["cell_id"]])
+        assert c["prediction_error"] == pytest.approx(c["predicted_ms"] / c["step_ms"] - 1)
+        assert c["slowdown_fitted"] == pytest.approx(1.5, rel=0.02)
+    curves = query(root, "select * from u_curve")
+    assert len(curves) == 3 and all(c["prediction_slowdown_fitted"] == pytest.approx(1.5, rel=0.02) for c in curves)
+    assert all(c["predicted_best_bucket_cap_mb"] in (0.05, 0.25, 25) for c in curves)
+    assert all(c["prediction_median_abs_error_fitted"] < 0.02 for c in curves)
+    client = TestClient(create_app(ServiceSettings(address=None, results=root, token="t")))
+    sql = "select count(*) as n from predicted where predicted_ms > 0"
+    got = client.post("/query", json={"sql": sql}, headers={"Authorization": "Bearer t"}).json()
+    assert got == [{"n": 9}]  # the server's query child has the profiles too
+    page = client.get("/ui/sweep/lab/m-1").text
+    chart = re.findall(r"id='u_curve'.*?</svg>", page, re.S)[0]
+    dashed = re.findall(r"stroke-dasharray='6 4'/>(.*?)</g>", chart, re.S)
+    assert len(dashed) == 3  # one predicted line per curve
+    drawn = sorted(float(y) for line in dashed for y in re.findall(r"data-y='([^']+)'", line))
+    assert drawn == pytest.approx(sorted(truth[truth.index.isin([c["cell_id"] for c in cells])]), rel=1e-5)
+    assert "id='prediction'" in page and "Predicted beside measured" in page
+    html = tmp_path / "report.html"
+    out = CliRunner().invoke(app, ["report", "--out", str(html), "--results", root])
+    assert out.exit_code == 0, out.output
+    assert "Predicted beside measured: each curve" in html.read_text()
+    assert "Predicted beside measured" in client.get("/report", params={"cluster": "lab"}).text
+
+
+def test_without_a_profile_the_prediction_columns_are_null_and_the_view_empty(tmp_path):
+    root = str(tmp_path / "r")
+    measured(root)
+    for path in (tmp_path / "r").rglob("_profile-*.parquet"):
+        path.unlink()
+    assert query(root, "select * from predicted") == []
+    curves = query(root, "select predicted_best_bucket_cap_mb, prediction_spearman_fitted from u_curve")
+    assert len(curves) == 3 and all(v is None for c in curves for v in c.values())
