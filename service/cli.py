@@ -73,7 +73,7 @@ def run(
     """Measure a sweep: one Parquet row per measurement as it lands, then per curve the best bucket with its
     interval and the scaling efficiency. --dry-run prints the grid and whether this machine can run it."""
     from results.errors import StoreFull
-    from sweeps import runner, session
+    from sweeps import modelsearch, runner, session
     from sweeps.specfile import load_spec
     from sweeps.summary import cells_table, summary_text
 
@@ -83,8 +83,12 @@ def run(
         sweep_id = sweep or sweep_id
         plan = runner.plan_sweep(load_spec(spec), results=results, cluster=cluster, resume=resume, sweep_id=sweep_id)
         _warn_risky_env(plan.spec)
+        if plan.choice is not None:
+            echo(modelsearch.summary_line(plan.choice))
         if dry_run:
-            echo(cells_table(plan.cells, plan.spec.rounds, plan.spec.isolation))  # the grid first, always
+            echo(
+                cells_table(plan.cells, plan.spec.rounds, plan.spec.isolation, plan.choice and plan.choice.chosen)
+            )  # the grid, always
             if plan.spec.decides:
                 echo(f"at most: {_decided(plan.spec)}")
             if not address and not os.environ.get("RAY_ADDRESS"):
@@ -123,8 +127,8 @@ def stop_on_signals(session) -> None:
 
 def _decided(spec: SweepSpec) -> str:
     """How the trial decides the rounds of a race or of `repeats: auto`."""
-    parts = [f"search: race drops cells shown {spec.tolerance:.0%} slower from round {spec.min_rounds}"]
-    parts = parts if spec.search == "race" else []
+    parts = [f"search: {spec.search} drops cells shown {spec.tolerance:.0%} slower from round {spec.min_rounds}"]
+    parts = parts if spec.search in ("race", "model") else []
     if spec.repeats == "auto":
         parts.append(f"rounds stop once each curve is resolved to ±{spec.target_rel:.0%}")
     return "; ".join(parts)
@@ -212,8 +216,7 @@ def calibrate(
 
     stop_on_signals(session)
     try:
-        plan = runner.plan_sweep(load_spec(spec), results=results, cluster=cluster)
-        plan.calibrate_only = True
+        plan = runner.plan_sweep(load_spec(spec), results=results, cluster=cluster, calibrate_only=True)
         if not plan.shapes():
             raise ConfigError("workers", plan.spec.workers, "a spec with at least one multi-rank worker group")
         echo(f"calibration {plan.sweep_id}: {len(plan.shapes())} worker group(s) -> {plan.store.uri}")

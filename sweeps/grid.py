@@ -245,6 +245,7 @@ class Group:
     shape: Cell | None = None  # the cell that shapes the worker group (default: the first slot's)
     rule: dict | None = None  # results.racing.Rule as a dict: the trial decides each next round (None: as planned)
     prior: tuple[dict, ...] = ()  # --resume of a decided sweep: the ok rows its rounds already stored (evidence)
+    chosen: dict | None = None  # search: model — cell id -> why the model chose it and its predicted step
 
     @property
     def first(self) -> Cell:
@@ -270,6 +271,7 @@ class Group:
             "shape": self.first.to_dict(),
             "rule": self.rule,
             "prior": list(self.prior),
+            "chosen": self.chosen,
         }
 
     @classmethod
@@ -288,6 +290,7 @@ class Group:
             shape=shape,
             rule=data.get("rule"),
             prior=tuple(data.get("prior", ())),
+            chosen=data.get("chosen"),
         )
 
 

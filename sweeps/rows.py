@@ -27,7 +27,8 @@ class RowContext:
     group_started_at: datetime
     group_setup_s: float | None = None  # known once the workers announce their first cell
     group_setup_parts: str | None = None  # JSON: the group's start in parts (sweeps.startmarks.setup_parts)
-    search: str = "grid"  # grid | race (results.racing)
+    search: str = "grid"  # grid | race (results.racing) | model (sweeps.modelsearch)
+    chosen: dict | None = None  # search: model — cell id -> {"why", "predicted_ms"}
     target_rel: float | None = None  # repeats: auto — the difference its rounds aim to resolve
 
 
@@ -90,6 +91,8 @@ def build_row(
         "group_setup_s": ctx.group_setup_s,
         "group_setup_parts": ctx.group_setup_parts,
         "search": ctx.search,
+        "model_choice": ((ctx.chosen or {}).get(cell.cell_id) or {}).get("why"),
+        "model_predicted_ms": ((ctx.chosen or {}).get(cell.cell_id) or {}).get("predicted_ms"),
         "target_rel": ctx.target_rel,
         "eliminated_at_round": None,  # set by the trial's round planner on the rows of a dropped cell's last round
     }

@@ -26,7 +26,7 @@ from results.errors import StoreFull, StoreNotFound
 from results.lease import LeaseHeld, lease
 from results.racing import Rule
 from results.store import Store, require_label
-from sweeps import machine, preflight
+from sweeps import machine, modelsearch, preflight
 from sweeps.grid import Cell, Group, calibration_groups, expand, plan_groups
 from sweeps.options import PLANTED_ENVS, TrialOptions
 from sweeps.rows import build_row, now
@@ -50,6 +50,7 @@ class SweepPlan:
     todo: list[tuple[Cell, int]]
     calibrate_only: bool = False  # `ddpsweep calibrate`: the groups' calibrations, no cells
     resumed: bool = False  # --resume: todo is what the stored sweep lacks
+    choice: modelsearch.Choice | None = None  # search: model — the cells the model chose (`cells` are those)
 
     @property
     def planned(self) -> int:
@@ -74,7 +75,8 @@ class SweepPlan:
         groups = []
         for g in self.shapes():
             mine = {s.cell.cell_id for s in g.slots}
-            groups.append(replace(g, rule=rule, prior=tuple(r for r in stored if r["cell_id"] in mine)))
+            chosen = None if self.choice is None else {k: v for k, v in self.choice.chosen.items() if k in mine}
+            groups.append(replace(g, rule=rule, prior=tuple(r for r in stored if r["cell_id"] in mine), chosen=chosen))
         return groups
 
     def _stored_ok(self) -> list[dict]:
@@ -86,7 +88,7 @@ class SweepPlan:
         s = self.spec
         deadline = None if s.max_sweep_s is None else time.time() + s.max_sweep_s
         return Rule(
-            race=s.search == "race",
+            race=s.search in ("race", "model"),
             auto=s.repeats == "auto",
             min_rounds=s.min_rounds,
             max_rounds=s.rounds,
@@ -112,8 +114,10 @@ def plan_sweep(
     cluster: str | None = None,
     resume: str | None = None,
     sweep_id: str | None = None,
+    calibrate_only: bool = False,
 ) -> SweepPlan:
-    """Expand the grid; with `resume`, keep only pairs with no ok row in that sweep."""
+    """Expand the grid (with `search: model`, the cells the model chose); with `resume`, keep only pairs with
+    no ok row in that sweep."""
     store = Store.open(results or spec.results)
     cluster = cluster or spec.cluster
     cells = expand(spec)
@@ -124,10 +128,24 @@ def plan_sweep(
         plan = SweepPlan(spec, sweep_id or new_sweep_id(spec.name), cluster, store, cells, [])
     else:
         plan = SweepPlan(spec, require_label("--resume", resume), cluster, store, cells, [], resumed=True)
+    plan.calibrate_only = calibrate_only
+    if spec.search == "model" and not calibrate_only:
+        plan.choice = _model_choice(plan, resume)
+        plan.cells = [c for c in cells if c.cell_id in plan.choice.chosen]
     # a generated id is new by construction: a dry run never touches the store (it may be unreachable from here)
     fresh = resume is None and sweep_id is None
     plan.todo = [(c, r) for c in cells for r in range(spec.rounds)] if fresh else pending(plan)
     return plan
+
+
+def _model_choice(plan: SweepPlan, resume: str | None) -> modelsearch.Choice:
+    """The model's choice: made now for a new sweep, the one the sweep started with for --resume."""
+    if resume is None:
+        return modelsearch.choose(plan.spec, plan.cells, plan.store, plan.cluster)
+    stored = (plan.store.read_manifest(plan.cluster, resume) or {}).get("model_search")
+    if stored is None:
+        raise SpecError("--resume", resume, "a sweep started with search: model (its manifest has no choice)")
+    return modelsearch.Choice(**stored)
 
 
 def pending(plan: SweepPlan) -> list[tuple[Cell, int]]:
@@ -413,6 +431,7 @@ def _manifest(plan: SweepPlan, opts: TrialOptions) -> dict:
         "planned": plan.planned,
         "isolation": plan.spec.isolation,
         "calibrate_only": plan.calibrate_only,
+        "model_search": None if plan.choice is None else plan.choice.to_dict(),
         "backend": opts.backend,
         "use_gpu": opts.use_gpu,
         "written_at": datetime.now(UTC).isoformat(),

@@ -128,7 +128,12 @@ class SweepSpec(_SpecKnobs):
     """`repeats: auto`: no group starts a new round once the sweep has run this long (s)."""
     search: str = "grid"
     """`grid`: every cell in every round; `race`: from min_rounds on, a cell shown slower than its curve's
-    leader by more than `tolerance` is measured no more (results/racing.py)."""
+    leader by more than `tolerance` is measured no more (results/racing.py); `model`: the overlap model
+    (`ddpsweep predict`: the cluster's calibration and a profile of the workload) picks per curve the cells it
+    cannot rule out, the baseline and PyTorch's default bucket, which are then raced (sweeps/modelsearch.py)."""
+    model_k: int | None = None
+    """`search: model`: cells per curve the model picks; null: every cell predicted within twice the model's
+    own within-curve error on this cluster of the curve's predicted best, at least 2."""
     min_rounds: int = 3
     """`search: race` / `repeats: auto`: rounds before the first decision."""
     tolerance: float = 0.02
@@ -161,14 +166,14 @@ class SweepSpec(_SpecKnobs):
     @property
     def decides(self) -> bool:
         """The trial decides each next round (racing or automatic rounds)."""
-        return self.search == "race" or self.repeats == "auto"
+        return self.search in ("race", "model") or self.repeats == "auto"
 
     def unused(self) -> list[str]:
         """One line per setting this spec gives (away from its default) that has no effect on what it measures."""
         d, out = {f.name: f.default for f in fields(SweepSpec)}, []
         given = [n for n in ("tolerance", "min_rounds", "max_sweep_s") if getattr(self, n) != d[n]]
         if not self.decides:
-            out += [f"{n}: no effect without search: race or repeats: auto" for n in given]
+            out += [f"{n}: no effect without search: race or model, or repeats: auto" for n in given]
         if self.max_rounds != d["max_rounds"] and self.repeats != "auto":
             out.append("max_rounds: no effect with a fixed number of repeats (rounds are `repeats`)")
         if self.target_rel != d["target_rel"] and self.repeats != "auto":
@@ -184,6 +189,8 @@ class SweepSpec(_SpecKnobs):
             out += [f"{n}: no effect without compile: [true]" for n, v in given.items() if getattr(self, n) != v]
         if self.workload_args and self.workload is None:
             out.append("workload_args: no effect without workload (the preset takes no arguments)")
+        if self.model_k is not None and self.search != "model":
+            out.append("model_k: no effect without search: model")
         if self.search == "race" and len(self.bucket_cap_mb) < 2:
             out.append("search: race: no curve has two cells to race (one bucket_cap_mb); every cell is measured")
         if self.modes == ["naive"]:
@@ -348,20 +355,26 @@ def _validate_rounds(spec: SweepSpec) -> None:
     """repeats (an integer or auto) and the decision settings: racing and automatic rounds."""
     if spec.repeats != "auto" and not (is_int(spec.repeats) and 1 <= spec.repeats <= 1_000):
         raise fail("repeats", spec.repeats, "an integer in [1, 1000], or auto (rounds until resolved)")
-    check_choice("search", spec.search, ("grid", "race"))
+    check_choice("search", spec.search, ("grid", "race", "model"))
+    if spec.model_k is not None and not (is_int(spec.model_k) and spec.model_k >= 2):
+        raise fail(
+            "model_k", spec.model_k, "an integer of at least 2 (a race needs two cells), or null (from the error)"
+        )
     if spec.max_sweep_s is not None and not (is_num(spec.max_sweep_s) and 0 < spec.max_sweep_s <= 30 * 86_400):
         raise fail("max_sweep_s", spec.max_sweep_s, "seconds in (0, 2592000], or null (no limit)")
     if spec.decides and spec.min_rounds < 2:
         raise fail(
             "min_rounds",
             spec.min_rounds,
-            "at least 2 with search: race or repeats: auto (a decision after one round has no between-round "
+            "at least 2 with search: race or model, or repeats: auto (a decision after one round has no between-round "
             "variance to test against: equal cells get dropped)",
         )
     if spec.decides and spec.min_rounds > spec.rounds:
         raise fail("min_rounds", spec.min_rounds, f"at most the rounds planned ({spec.rounds})")
     if spec.decides and spec.isolation == "cell":
-        raise fail("isolation", spec.isolation, "sweep or group with search: race or repeats: auto (a group decides)")
+        raise fail(
+            "isolation", spec.isolation, "sweep or group with search: race or model, or repeats: auto (a group decides)"
+        )
 
 
 def _validate_workload(spec: SweepSpec) -> None:

@@ -51,7 +51,8 @@ def row_context(group: Group, opts: TrialOptions, started: datetime) -> RowConte
         group_id=group.group_id,
         order_seed=group.order_seed,
         group_started_at=started,
-        search="race" if group.rule and group.rule["race"] else "grid",
+        search="model" if group.chosen is not None else "race" if group.rule and group.rule["race"] else "grid",
+        chosen=group.chosen,
         target_rel=group.rule["target_rel"] if group.rule and group.rule["auto"] else None,
     )
 

@@ -23,13 +23,13 @@ comm_hook: [none, powersgd]
 """
 
 
-def calibrate(root: str, alpha_ms: float = 0.5, gbps: float = 0.1) -> None:
-    """A 1x2 calibration of t(m) = alpha + m / beta on cluster `lab` (what `ddpsweep calibrate` writes)."""
+def calibrate(root: str, alpha_ms: float = 0.5, gbps: float = 0.1, cluster: str = "lab") -> None:
+    """A 1x2 calibration of t(m) = alpha + m / beta on `cluster` (what `ddpsweep calibrate` writes)."""
     rows = []
     for size in (2**k for k in range(10, 24, 2)):
         ms = alpha_ms + size / (gbps * 1e9) * 1e3
         rows.append(
-            {"sweep_id": "cal-1", "cluster": "lab", "group_id": "g", "world_size": 2, "num_nodes": 1}
+            {"sweep_id": "cal-1", "cluster": cluster, "group_id": "g", "world_size": 2, "num_nodes": 1}
             | {"workers_per_node": 2, "backend": "gloo", "measured_at": datetime.now(UTC), "kind": "all_reduce"}
             | {"size_bytes": size, "time_ms": ms, "times_ms": [ms], "iters": 5}
         )
