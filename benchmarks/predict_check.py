@@ -1,20 +1,29 @@
-"""The overlap model against measurement on this machine: per workload (the tiny preset; the shipped recsys
-example), through the real CLI on the embedded Ray (gloo, 2 workers, one thread each):
+"""The overlap model against measurement: per workload (the tiny preset; the shipped recsys example), through
+the real CLI (gloo, 2 workers, one thread each), on the embedded Ray (1x2) or a cluster (--address, e.g. the
+two-namespace cluster of two_node_cluster.sh with --topology 2x1):
 
-1. `ddpsweep calibrate` (t(bytes) on the 1x2 group), then `ddpsweep predict` before anything is measured
+1. `ddpsweep calibrate` (t(bytes) on the group's ranks), then `ddpsweep predict` before anything is measured
    (the profile runs here, one thread);
 2. `ddpsweep run`: `bucket_cap_mb` {0.05, 0.25, 1, 5, 25, 100} x `gas` {1, 4} x `no_sync` {false, true}, 5 rounds;
 3. `ddpsweep predict --sweep`: per curve, median |predicted / measured - 1|, Spearman's rank correlation and
    whether the predicted best lies in the measured indistinguishable set, with the profile's compute as measured
-   alone and with one slowdown per placement fitted to the sweep's cells.
+   alone and with one slowdown per placement fitted to the sweep's cells;
+4. with --model-search: `search: model` on the same grid in a copy of the store without this workload's
+   sweeps (the model's error on the cluster then comes from the workloads measured before it, as a new
+   workload's would; the first has none and takes the default), its measurements against the grid's, and
+   whether each curve's best under the model's choice lies in the grid's indistinguishable set.
 
-    python benchmarks/predict_check.py [--rounds 5] [--out DIR]
+    python benchmarks/predict_check.py [--rounds 5] [--out DIR] [--only tiny|recsys]
+    sudo benchmarks/two_node_cluster.sh up 100mbit
+    sudo benchmarks/two_node_cluster.sh exec python benchmarks/predict_check.py --address 169.254.77.1:6379 \
+        --topology 2x1 --model-search --recsys-rows 20000
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,23 +50,51 @@ def cli(*args: str) -> str:
     return done.stdout
 
 
-def check(name: str, base: dict, out: Path, rounds: int) -> dict:
-    spec = base | COMMON | GRID | {"name": f"predict-{name}", "cluster": "predict", "repeats": rounds}
-    path = out / f"{name}.yaml"
+def check(name: str, spec: dict, out: Path, where: list[str], model_search: bool, grid: bool = True) -> dict:
+    """Calibrate, predict, measure the grid (unless `grid` is False: the store has it), compare; then, with
+    `model_search`, search: model in a copy of the store without this workload's sweeps (its error comes from
+    the other workloads measured on the cluster, as a new workload's would)."""
+    path, searched = out / f"{name}.yaml", out / f"{name}-model.yaml"
     path.write_text(yaml.safe_dump(spec))
-    results = ["--results", str(out / "store")]
+    searched.write_text(yaml.safe_dump(spec | {"name": f"{spec['name']}-model", "search": "model"}))
+    results = ["--results", str(out / "store"), "--cluster", spec["cluster"]]
     t0 = time.perf_counter()
-    cli("calibrate", str(path), *results)
+    if grid:
+        cli("calibrate", str(path), *results, *where)
     before = json.loads(cli("predict", str(path), *results, "--format", "json"))
-    predicted_s = time.perf_counter() - t0
-    cli("run", str(path), *results, "--sweep", f"m-{name}")
-    after = json.loads(cli("predict", str(path), *results, "--sweep", f"m-{name}", "--format", "json"))
-    return {
-        "before": before,
-        "after": after,
-        "calibrate_and_predict_s": predicted_s,
-        "wall_s": time.perf_counter() - t0,
-    }
+    got: dict = {"before": before, "calibrate_and_predict_s": time.perf_counter() - t0}
+    if grid:
+        t1 = time.perf_counter()
+        cli("run", str(path), *results, *where, "--sweep", f"m-{name}")
+        got["grid_s"] = time.perf_counter() - t1
+    got["after"] = json.loads(cli("predict", str(path), *results, "--sweep", f"m-{name}", "--format", "json"))
+    if model_search:
+        store = out / f"store-search-{name}"
+        shutil.rmtree(store, ignore_errors=True)
+        shutil.copytree(out / "store", store, ignore=shutil.ignore_patterns(f"sweep=m-{name}", f"sweep=s-{name}"))
+        t1 = time.perf_counter()
+        mine = ["--results", str(store), "--cluster", spec["cluster"]]
+        got["model_search_plan"] = cli("run", str(searched), *mine, *where, "--sweep", f"s-{name}").splitlines()[0]
+        got["model_search_s"] = time.perf_counter() - t1
+        got["search"] = search_outcome(name, results[:2], mine[:2])
+    return got | {"wall_s": time.perf_counter() - t0}
+
+
+def search_outcome(name: str, grid_store: list[str], search_store: list[str]) -> dict:
+    """Measurements of the model's sweep against the grid's, and per curve whether its best bucket is in the
+    grid's indistinguishable set."""
+    count = "select count(*) as n from cells where sweep_id = '{}'"
+    n_grid = json.loads(cli("query", *grid_store, "--format", "json", count.format(f"m-{name}")))[0]["n"]
+    n_model = json.loads(cli("query", *search_store, "--format", "json", count.format(f"s-{name}")))[0]["n"]
+    sql = "select gas, no_sync, best_bucket_cap_mb, indistinguishable_buckets_mb from u_curve where sweep_id = '{}'"
+    grid = pd.DataFrame(json.loads(cli("query", *grid_store, "--format", "json", sql.format(f"m-{name}"))))
+    model = pd.DataFrame(json.loads(cli("query", *search_store, "--format", "json", sql.format(f"s-{name}"))))
+    both = grid.merge(model, on=["gas", "no_sync"], suffixes=("_grid", "_model"))
+    both["same_answer"] = [
+        b in (json.loads(s) if isinstance(s, str) else s)
+        for b, s in zip(both["best_bucket_cap_mb_model"], both["indistinguishable_buckets_mb_grid"], strict=True)
+    ]
+    return {"grid_measurements": n_grid, "model_measurements": n_model, "curves": both}
 
 
 def curve_table(curves: list[dict]) -> pd.DataFrame:
@@ -72,14 +109,32 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--only", choices=sorted(WORKLOADS), default=None, help="one workload")
+    ap.add_argument("--address", default=None, help="a Ray cluster (default: the embedded Ray)")
+    ap.add_argument("--topology", default="1x2", help="nodes x workers per node (2x1: one rank per node)")
+    ap.add_argument("--model-search", action="store_true", help="then search: model, its error from the others")
+    ap.add_argument("--no-grid", action="store_true", help="the store under --out has the grid sweeps already")
+    ap.add_argument("--recsys-rows", type=int, default=None, help="the recsys example's embedding rows")
     args = ap.parse_args()
+    where = [] if args.address is None else ["--address", args.address]
+    cluster = "predict" if args.address is None else f"predict-{args.topology}"
     out = args.out or Path(tempfile.mkdtemp(prefix="predict-check-"))
     out.mkdir(parents=True, exist_ok=True)
     pd.set_option("display.width", 220)
     for name, base in WORKLOADS.items():
         if args.only not in (None, name):
             continue
-        got = check(name, base, out, args.rounds)
+        spec = base | COMMON | GRID | {"name": f"predict-{name}", "cluster": cluster, "repeats": args.rounds}
+        spec |= {"topology": [args.topology]} if args.topology != "1x2" else {}
+        spec |= {"env": {"GLOO_SOCKET_IFNAME": "ddp0"}} if args.address else {}
+        if args.recsys_rows and "workload_args" in spec:
+            spec["workload_args"] = spec["workload_args"] | {"rows": args.recsys_rows}
+        got = check(
+            name,
+            {k: v for k, v in spec.items() if not (k == "workers" and "topology" in spec)},
+            out,
+            where,
+            args.model_search,
+        )
         cells = pd.DataFrame(got["after"]["cells"])
         print(f"\n== {name}: calibrate + predict {got['calibrate_and_predict_s']:.0f} s, all {got['wall_s']:.0f} s")
         print("per cell (slowdown 1): predicted / measured, ms")
@@ -88,6 +143,12 @@ def main() -> None:
         for key, title in (("curves", "compute as profiled"), ("curves_fitted", "one slowdown fitted per placement")):
             print(f"curves, {title}:")
             print(curve_table(got["after"][key]).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        if "search" in got:
+            s = got["search"]
+            share = s["model_measurements"] / s["grid_measurements"]
+            print(f"search: model ({got['model_search_s']:.0f} s): {got['model_search_plan']}")
+            print(f"  measurements {s['model_measurements']} of the grid's {s['grid_measurements']} ({share:.0%})")
+            print(s["curves"].to_string(index=False))
     print(f"\nstore: {out / 'store'}")
 
 

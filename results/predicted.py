@@ -89,7 +89,8 @@ def predict_one(knobs: Mapping, prof: Profile, t: Cost | None, slowdown: float =
         return {"predicted_ms": predicted, "comm_ms": comm, "exposed_ms": comm}
     buckets = overlap.layout_for(prof, float(knobs["bucket_cap_mb"]), _plain(knobs.get("first_bucket_mb")))
     step = overlap.predict_step(prof, buckets, t, gas=gas, no_sync=no_sync, hook=knobs["comm_hook"], slowdown=slowdown)
-    return {"predicted_ms": step.step_ms, "comm_ms": step.comm_ms, "exposed_ms": step.exposed_ms}
+    sizes = tuple(sum(prof.nbytes[i] for i in b) for b in buckets)  # bytes per bucket, in the order they fill
+    return {"predicted_ms": step.step_ms, "comm_ms": step.comm_ms, "exposed_ms": step.exposed_ms, "bucket_bytes": sizes}
 
 
 def measured_cells(rows: pd.DataFrame) -> pd.DataFrame:

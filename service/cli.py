@@ -81,7 +81,9 @@ def run(
     stop_on_signals(session)
     try:
         sweep_id = sweep or sweep_id
-        plan = runner.plan_sweep(load_spec(spec), results=results, cluster=cluster, resume=resume, sweep_id=sweep_id)
+        plan = runner.plan_sweep(
+            load_spec(spec), results=results, cluster=cluster, resume=resume, sweep_id=sweep_id, address=address
+        )
         _warn_risky_env(plan.spec)
         if plan.choice is not None:
             echo(modelsearch.summary_line(plan.choice))
@@ -243,11 +245,15 @@ def predict(
     cluster: Annotated[str | None, typer.Option(metavar="LABEL", help="whose calibration; default: the spec's")] = None,
     sweep: Annotated[str | None, typer.Option(metavar="ID", help="a measured sweep of this spec: beside it")] = None,
     fmt: Annotated[Literal["text", "json"], typer.Option("--format", help="lines or JSON")] = "text",
+    address: Annotated[
+        str | None,
+        typer.Option(metavar="HEAD:PORT", help="profile on this Ray cluster (default: RAY_ADDRESS, else here)"),
+    ] = None,
 ) -> None:
     """Each cell's step from the overlap model before anything is measured, and the predicted best bucket of
-    every curve: from the cluster's calibration (`ddpsweep calibrate`) and a profile of the workload (run here,
-    on this machine's device, and stored, when the store has none). With --sweep: predicted beside measured,
-    each cell's prediction_error and each curve's accuracy."""
+    every curve: from the cluster's calibration (`ddpsweep calibrate`) and a profile of the workload (run on the
+    cluster with --address, else here, and stored, when the store has none). With --sweep: predicted beside
+    measured, each cell's prediction_error and each curve's accuracy."""
     from results import predicted
     from results.store import Store, load, load_calibration
     from sweeps import predict as model
@@ -257,7 +263,7 @@ def predict(
         parsed = load_spec(spec)
         root, label = results or parsed.results, cluster or parsed.cluster
         store = Store.open(root)
-        given = model.inputs(parsed, store, label)
+        given = model.inputs(parsed, store, label, address)
         if sweep is not None:
             rows, calibration = load(root, cluster=label, sweep=sweep), load_calibration(root, label)
             out = predicted.compare(rows, predicted.profiles_of(store.read_profiles().to_pandas()), calibration)
@@ -268,7 +274,7 @@ def predict(
         echo(as_json if fmt == "json" else predicted.to_text(out))
         return
     table = model.predictions(given)
-    echo(table.to_json(orient="records") if fmt == "json" else model.to_text(table, given.ran_here))
+    echo(table.to_json(orient="records") if fmt == "json" else model.to_text(table, given))
 
 
 for command in (*cli_results.COMMANDS, *cli_cluster.COMMANDS):

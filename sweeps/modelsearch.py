@@ -15,7 +15,7 @@ Every measured row records why the model chose its cell (`model_choice`) and the
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -46,6 +46,8 @@ class Choice:
     """Where `error` came from: the earlier comparisons it was measured on, or the default."""
     grid_cells: int
     """Cells in the full grid."""
+    skipped: dict[str, str] = field(default_factory=dict)
+    """cell id -> why it is not measured."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -67,9 +69,10 @@ def within_curve_error(store: Store, cluster: str) -> tuple[float | None, int]:
     return float(np.median(np.abs(ratio / by_curve - 1))), len(cells)
 
 
-def choose(spec: SweepSpec, cells: list[Cell], store: Store, cluster: str) -> Choice:
-    """The cells to measure and why (predict.inputs raises NoCalibration naming `ddpsweep calibrate`)."""
-    table = predict.predictions(predict.inputs(spec, store, cluster))
+def choose(spec: SweepSpec, cells: list[Cell], store: Store, cluster: str, address: str | None = None) -> Choice:
+    """The cells to measure and why (predict.inputs raises NoCalibration naming `ddpsweep calibrate`; a missing
+    profile runs on the cluster at `address` or RAY_ADDRESS, else here)."""
+    table = predict.predictions(predict.inputs(spec, store, cluster, address))
     error, n = within_curve_error(store, cluster)
     source = f"measured on {n} cells of earlier sweeps on {cluster}" if error is not None else "no earlier sweep"
     error = DEFAULT_ERROR if error is None else error
@@ -77,7 +80,20 @@ def choose(spec: SweepSpec, cells: list[Cell], store: Store, cluster: str) -> Ch
     steps = dict(zip(table["cell_id"], table["predicted_ms"], strict=True))
     chosen = {c.cell_id: {"why": whys[c.cell_id], "predicted_ms": _num(steps[c.cell_id])} for c in cells}
     chosen = {k: v for k, v in chosen.items() if v["why"] is not None}
-    return Choice(chosen=chosen, error=error, error_from=source, grid_cells=len(cells))
+    skipped = _skipped(table, set(chosen))
+    return Choice(chosen=chosen, error=error, error_from=source, grid_cells=len(cells), skipped=skipped)
+
+
+def _skipped(table: pd.DataFrame, chosen: set[str]) -> dict[str, str]:
+    """Why each cell the model left out is not measured."""
+    curve = [c for c in predict.CURVE_COLUMNS if c in table]
+    best = table.groupby(curve, dropna=False)["predicted_ms"].transform("min")
+    layout = same_layout(table)
+    return {
+        r.cell_id: layout.get(r.cell_id) or f"predicted {r.predicted_ms / b:.3f}x its curve's best: outside the band"
+        for r, b in zip(table.itertuples(), best, strict=True)
+        if r.cell_id not in chosen
+    }
 
 
 def _whys(table: pd.DataFrame, model_k: int | None, error: float) -> list[str | None]:
@@ -92,7 +108,7 @@ def _whys(table: pd.DataFrame, model_k: int | None, error: float) -> list[str | 
             whys[i] = f"not modeled ({r.note})"
     ddp = table[(table["mode"] == "ddp") & table["predicted_ms"].notna()]
     for _, curve in ddp.groupby([c for c in predict.CURVE_COLUMNS if c in table], dropna=False):
-        ranked = curve.sort_values("predicted_ms")
+        ranked = _one_per_layout(curve).sort_values("predicted_ms", kind="stable")
         best = float(ranked["predicted_ms"].iloc[0])
         within = int((ranked["predicted_ms"] <= best * (1 + 2 * error)).sum())
         k = model_k or max(MIN_K, within)
@@ -107,13 +123,39 @@ def _whys(table: pd.DataFrame, model_k: int | None, error: float) -> list[str | 
     return whys
 
 
+def _one_per_layout(curve: pd.DataFrame) -> pd.DataFrame:
+    """One cell per bucket layout: caps that give DDP the same buckets run the same step (PyTorch's default where
+    it is one of them, else the smallest cap); the others are never measured."""
+    if "bucket_bytes" not in curve:
+        return curve
+    layout = curve["bucket_bytes"].map(lambda b: tuple(b) if isinstance(b, list | tuple) else b)
+    default_first = curve.assign(_d=curve["bucket_cap_mb"] != DEFAULT_BUCKET_MB, _l=layout.map(str))
+    return default_first.sort_values(["_d", "bucket_cap_mb"]).drop_duplicates("_l").drop(columns=["_d", "_l"])
+
+
+def same_layout(table: pd.DataFrame) -> dict[str, str]:
+    """cell id -> why it is not measured, for the DDP cells whose layout another cell of their curve runs."""
+    out = {}
+    ddp = table[(table["mode"] == "ddp") & table["predicted_ms"].notna()]
+    for _, curve in ddp.groupby([c for c in predict.CURVE_COLUMNS if c in table], dropna=False):
+        kept = _one_per_layout(curve)
+        layout = curve["bucket_bytes"].map(str)
+        by_layout = dict(zip(layout[kept.index], kept["bucket_cap_mb"], strict=True))
+        for i in curve.index.difference(kept.index):
+            n = len(curve.at[i, "bucket_bytes"])
+            out[curve.at[i, "cell_id"]] = f"same {n} bucket(s) as {by_layout[layout[i]]:g} MB: the same step"
+    return out
+
+
 def _num(v: object) -> float | None:
     return None if v is None or pd.isna(v) else float(v)
 
 
 def summary_line(choice: Choice) -> str:
     """What the dry run and the start of a run print."""
+    same = sum(why.startswith("same ") for why in choice.skipped.values())
+    left = f"; {same} share a bucket layout with a measured cell" if same else ""
     return (
         f"search: model measures {len(choice.chosen)} of {choice.grid_cells} cells (error {choice.error:.1%}, "
-        f"{choice.error_from}), then races them"
+        f"{choice.error_from}{left}), then races them"
     )

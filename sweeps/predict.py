@@ -2,13 +2,13 @@
 from a profile of the workload (trainers.profile, stored per cluster) and the calibration of each placement
 (results.costmodel, from `ddpsweep calibrate`); after a sweep, the same predictions beside its measurements.
 
-The profile runs where `predict` runs (this process, its device, the spec's threads per worker) when the store
-has none for the workload, micro-batch, device and torch version; run it on a node like the cluster's.
+The profile runs when the store has none for the workload, micro-batch, device and torch version: on the
+cluster with --address (or RAY_ADDRESS), as a task holding one worker's resources; otherwise in this process,
+with the spec's threads per worker (sweeps.profiling).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -19,6 +19,7 @@ from results.errors import ResultsError
 from results.overlap import Profile
 from results.store import Store, load_calibration
 from sweeps.grid import Cell, expand
+from sweeps.profiling import Device, Profiler
 from sweeps.spec import SweepSpec
 
 
@@ -31,23 +32,17 @@ def profile_key(cell: Cell, device: str, torch_version: str) -> str:
     return predicted.profile_key(asdict(cell.step), device, torch_version)
 
 
-def profiles(spec: SweepSpec, cells: list[Cell], store: Store, cluster: str) -> dict[str, tuple[Profile, bool]]:
-    """Per profile key: the stored profile, or one run here and stored (True: run now)."""
-    import torch
-
-    from trainers.profile import profile_micro_step
-
-    device = torch.device("cuda" if spec.use_gpu is not False and torch.cuda.is_available() else "cpu")
-    if device.type == "cpu":
-        torch.set_num_threads(max(1, math.floor(spec.cpus_per_worker)))
+def profiles(cells: list[Cell], store: Store, cluster: str, profiler: Profiler) -> dict[str, tuple[Profile, bool]]:
+    """Per profile key: the stored profile, or one run by `profiler` and stored (True: run now)."""
+    device = profiler.device()
     out: dict[str, tuple[Profile, bool]] = {}
     for cell in cells:
-        key = profile_key(cell, device.type, torch.__version__)
+        key = profile_key(cell, device.type, device.torch_version)
         if key in out:
             continue
         raw, fresh = store.read_profile(cluster, key), False
         if raw is None:
-            raw, fresh = profile_micro_step(cell.step, device), True
+            raw, fresh = profiler.run(cell.step), True
             store.write_profile(cluster, key, raw)
         out[key] = (Profile.from_dict(raw), fresh)
     return out
@@ -84,26 +79,25 @@ class Inputs:
     cells: list[Cell]
     costs: dict[tuple, predicted.Cost]
     profiles: dict[str, tuple[Profile, bool]]
-    device: str
+    device: Device
+    where: str = "here"  # where new profiles ran: here | on the cluster
 
     def profile(self, cell: Cell) -> Profile:
-        import torch
-
-        return self.profiles[profile_key(cell, self.device, torch.__version__)][0]
+        return self.profiles[profile_key(cell, self.device.type, self.device.torch_version)][0]
 
     @property
-    def ran_here(self) -> int:
+    def ran(self) -> int:
+        """Profiles run now (none were stored)."""
         return sum(fresh for _, fresh in self.profiles.values())
 
 
-def inputs(spec: SweepSpec, store: Store, cluster: str) -> Inputs:
-    """Calibration fits first (a missing one fails before any profile runs), then the profiles."""
-    import torch
-
+def inputs(spec: SweepSpec, store: Store, cluster: str, address: str | None = None) -> Inputs:
+    """Calibration fits first (a missing one fails before any profile runs), then the profiles (on the cluster
+    with an address or RAY_ADDRESS)."""
     cells = expand(spec)
     costs = placement_costs(store, cluster, cells)
-    device = "cuda" if spec.use_gpu is not False and torch.cuda.is_available() else "cpu"
-    return Inputs(cells, costs, profiles(spec, cells, store, cluster), device)
+    with Profiler(spec, address) as profiler:
+        return Inputs(cells, costs, profiles(cells, store, cluster, profiler), profiler.device(), profiler.where)
 
 
 def predictions(given: Inputs, slowdown: dict[tuple, float] | None = None) -> pd.DataFrame:
@@ -132,9 +126,9 @@ CURVE_COLUMNS = ("topology", "gas", "no_sync", "comm_hook", "powersgd_rank", "fi
 CURVE_COLUMNS += ("gradient_as_bucket_view", "static_graph", "find_unused_parameters", "broadcast_buffers")
 
 
-def to_text(table: pd.DataFrame, ran: int) -> str:
+def to_text(table: pd.DataFrame, given: Inputs) -> str:
     """One line per cell, the predicted best of each curve marked."""
-    lines = [f"profiles run here: {ran}" if ran else "profiles: stored"]
+    lines = [f"profiles run {given.where} ({given.device.type}): {given.ran}" if given.ran else "profiles: stored"]
     for r in table.itertuples():
         bucket = "-" if r.bucket_cap_mb is None or r.bucket_cap_mb != r.bucket_cap_mb else f"{r.bucket_cap_mb:g} MB"
         what = f"{r.mode:6} {r.topology} gas {r.gas} no_sync {str(r.no_sync).lower():5} bucket {bucket:8}"

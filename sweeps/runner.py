@@ -115,9 +115,11 @@ def plan_sweep(
     resume: str | None = None,
     sweep_id: str | None = None,
     calibrate_only: bool = False,
+    address: str | None = None,
 ) -> SweepPlan:
     """Expand the grid (with `search: model`, the cells the model chose); with `resume`, keep only pairs with
-    no ok row in that sweep."""
+    no ok row in that sweep. `address`: the cluster where search: model profiles a workload it has no profile
+    of."""
     store = Store.open(results or spec.results)
     cluster = cluster or spec.cluster
     cells = expand(spec)
@@ -130,7 +132,7 @@ def plan_sweep(
         plan = SweepPlan(spec, require_label("--resume", resume), cluster, store, cells, [], resumed=True)
     plan.calibrate_only = calibrate_only
     if spec.search == "model" and not calibrate_only:
-        plan.choice = _model_choice(plan, resume)
+        plan.choice = _model_choice(plan, resume, address)
         plan.cells = [c for c in cells if c.cell_id in plan.choice.chosen]
     # a generated id is new by construction: a dry run never touches the store (it may be unreachable from here)
     fresh = resume is None and sweep_id is None
@@ -138,10 +140,10 @@ def plan_sweep(
     return plan
 
 
-def _model_choice(plan: SweepPlan, resume: str | None) -> modelsearch.Choice:
+def _model_choice(plan: SweepPlan, resume: str | None, address: str | None) -> modelsearch.Choice:
     """The model's choice: made now for a new sweep, the one the sweep started with for --resume."""
     if resume is None:
-        return modelsearch.choose(plan.spec, plan.cells, plan.store, plan.cluster)
+        return modelsearch.choose(plan.spec, plan.cells, plan.store, plan.cluster, address)
     stored = (plan.store.read_manifest(plan.cluster, resume) or {}).get("model_search")
     if stored is None:
         raise SpecError("--resume", resume, "a sweep started with search: model (its manifest has no choice)")

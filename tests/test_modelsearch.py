@@ -41,6 +41,19 @@ def test_the_band_is_twice_the_error_and_keeps_at_least_two():
     assert [w is not None for w in fixed] == [True, True, True, False] and "(model_k 3)" in fixed[1]
 
 
+def test_caps_that_give_the_same_buckets_are_measured_once_the_default_first():
+    table = curve([10.0, 11.0, 11.0, 11.0], [0.25, 1.0, 25.0, 100.0])
+    table["bucket_bytes"] = [(60, 40), (100,), (100,), (100,)]  # 1, 25 and 100 MB: one bucket, the same step
+    whys = modelsearch._whys(table, None, 0.2)
+    assert whys[0].startswith("predicted #1 of 2") and whys[2].startswith("predicted #2 of 2")
+    assert whys[1] is None and whys[3] is None  # 25 MB (PyTorch's default) runs their layout
+    skipped = modelsearch.same_layout(table)
+    assert skipped == {
+        "c1": "same 1 bucket(s) as 25 MB: the same step",
+        "c3": "same 1 bucket(s) as 25 MB: the same step",
+    }
+
+
 def test_baselines_and_unmodeled_cells_are_always_measured():
     table = pd.concat([curve([10.0, 12.0, 30.0]), curve([5.0], [None]).assign(mode="single", cell_id="s")])
     table = pd.concat([table, curve([None], [1.0]).assign(comm_hook="powersgd", cell_id="p", note="PowerSGD …")])
@@ -56,6 +69,8 @@ def test_choose_uses_the_default_error_without_history_and_the_measured_one_afte
     first = modelsearch.choose(spec, cells, Store.open(root), "lab")
     assert first.error == modelsearch.DEFAULT_ERROR and first.error_from == "no earlier sweep"
     assert first.grid_cells == len(cells) and len(first.chosen) < len(cells)
+    assert set(first.skipped) == {c.cell_id for c in cells} - set(first.chosen)
+    assert all("outside the band" in why or why.startswith("same ") for why in first.skipped.values())
     by_id = {c.cell_id: c for c in cells}
     for cell in cells:
         why = first.chosen.get(cell.cell_id, {}).get("why")

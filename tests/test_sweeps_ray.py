@@ -323,3 +323,22 @@ def test_search_model_measures_the_models_choice_and_each_row_says_why(fault_fil
     resumed = plan_sweep(spec, results=str(tmp_path), resume=plan.sweep_id)
     assert resumed.choice.chosen == chosen and [c.cell_id for c in resumed.cells] == [c.cell_id for c in plan.cells]
     assert resumed.todo == []
+
+
+def test_with_a_cluster_the_profile_runs_there_as_a_task(fault_file, tmp_path, monkeypatch):
+    """Against a cluster the profile is a Ray task (a worker's resources, the cluster's device and torch): this
+    process's profiler is broken on purpose and the profile is still made and stored."""
+    import trainers.profile
+    from sweeps import predict
+    from tests.test_predict import calibrate
+
+    def broken(*args, **kwargs):
+        raise AssertionError("profiled in the driver's process")
+
+    monkeypatch.setattr(trainers.profile, "profile_micro_step", broken)
+    calibrate(str(tmp_path), cluster="test")
+    spec = parse_spec(spec_text())
+    given = predict.inputs(spec, Store.open(str(tmp_path)), "test", address="the-test-cluster")
+    assert given.where == "on the cluster" and given.ran == 1 and given.device.type == "cpu"
+    assert len(Store.open(str(tmp_path)).read_profiles()) == 1
+    assert predict.predictions(given)["predicted_ms"].notna().all()
