@@ -6,13 +6,15 @@
 #   2_timing     one DDP cell timed by sync, events and loop, interleaved, 5 rounds
 #   3_hooks      comm hooks none/bf16/powersgd;  3_workload: a user workload;  3_isolation: the cell alone
 #   4_compile    eager vs torch.compile x optimize_ddp {ddp_optimizer, python_reducer}, buckets 1 and 25 MB
+# Before part 1, `ddpsweep predict` profiles gpt2-124m on the GPU (issue 37); the summary sets part 1's cells
+# beside the overlap model's step (world size 1: no communication, the prediction is the profile alone).
 # Every DDP measurement also checks its gradient (trainers.gradcheck): exact under NCCL with bf16 autocast for
 # hook none, the bf16 and PowerSGD hooks' errors; the summary has a section for it.
 # then `ddpsweep report` and `ddpsweep recommend`, and a markdown summary (benchmarks/gpu_summary.py).
 # REHEARSAL=1 runs the same flow on CPU (tiny model, gloo, fp16 for bf16) to check the script itself.
 # Everything lands under $OUT (default build/gpu-check): results/, report.html, recommend.json, summary.md.
 # Packages the machine lacks (Ray, ...) come from build/device_bundle.tar.xz (benchmarks/device_bundle.sh).
-# The parts' limits add up to 575 s (4_compile: 240 s, Inductor compiling five wrappers of gpt2-124m) (+ 60 s at most for part 0, typically seconds), report and recommend
+# The parts' limits add up to 560 s, the profile's 45 s beside them (4_compile: 225 s, Inductor compiling five wrappers of gpt2-124m) (+ 60 s at most for part 0, typically seconds), report and recommend
 # ~20 s: within 10 minutes. Part 0 (benchmarks/gpu_calibration_path.py) runs the calibration code on a 1-rank
 # NCCL group outside Ray: a sweep calibrates only groups of >= 2 ranks, which one GPU cannot form.
 # On this project's lent H200: `make device-bundle` here, then the device tool with
@@ -50,12 +52,15 @@ sweep() {  # sweep SPEC LIMIT_S: one part, cut at LIMIT_S so that the summary is
 : >"$OUT/exit_codes"
 timeout 60 "$PY" benchmarks/gpu_calibration_path.py "$OUT/calibration_path.json"
 echo "0_calibration_path exit $?" >>"$OUT/exit_codes"
+echo "== 1_predict ($((SECONDS - started)) s in)"  # the workload's profile on this GPU, before part 1 measures
+timeout 45 "$PY" -m service.cli predict "$specs/1_main.yaml" --results "$results" >"$OUT/predict.txt" 2>&1
+echo "1_predict exit $?" >>"$OUT/exit_codes"
 sweep 1_main 110
 sweep 2_timing 65
 sweep 3_hooks 40
 sweep 3_workload 40
 sweep 3_isolation 80
-sweep 4_compile 240
+sweep 4_compile 225
 "$PY" -m service.cli report --results "$results" --out "$OUT/report.html" >"$OUT/report.log" 2>&1
 "$PY" -m service.cli recommend --results "$results" --format json >"$OUT/recommend.json" 2>"$OUT/recommend.log"
 "$PY" -m service.cli recommend --results "$results" >"$OUT/recommend.txt" 2>&1

@@ -4,7 +4,8 @@
 
 Device, driver, NCCL and torch; every cell's step time with its 95% interval, MFU (gpt2-124m presets),
 peak memory; the timing methods side by side (ratios to `sync`, round-blocked); the isolated cell beside the
-same cell inside a group; calibration bandwidth by size; every error row.
+same cell inside a group; part 1's cells beside the overlap model's prediction; calibration bandwidth by size;
+every error row.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from results import analysis
+from results import analysis, predicted
 from results.identity import config_text
-from results.store import load, load_calibration
+from results.store import Store, load, load_calibration
 from results.uncertainty import interval
 
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}  # dense bf16 tensor-core peak, per GPU (TFLOP/s)
@@ -149,6 +150,28 @@ def compile_lines(rows: pd.DataFrame) -> list[str]:
     return out
 
 
+def prediction_lines(root: str, rows: pd.DataFrame) -> list[str]:
+    """Part 1's cells beside the overlap model's step from the profile `ddpsweep predict` stored before it ran
+    (world size 1: no communication, so the prediction is the profile's forward + backward per micro-step and
+    the optimizer step)."""
+    model = predicted.for_rows(rows, Store.open(root).read_profiles().to_pandas(), load_calibration(root))
+    if model is None:
+        return ["- no profile stored (the predict step did not run) or no DDP cell measured"]
+    cells = model["cells"]
+    out = [
+        "| gas | no_sync | bucket MB | measured ms | predicted ms | predicted ÷ measured − 1 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for _, c in cells.sort_values(["gas", "no_sync", "bucket_cap_mb"]).iterrows():
+        out.append(
+            f"| {c['gas']} | {c['no_sync']} | {c['bucket_cap_mb']:g} | {c['step_ms']:.1f} | {c['predicted_ms']:.1f} "
+            f"| {c['prediction_error']:+.1%} |"
+        )
+    for c in model["curves"].itertuples():
+        out.append(f"- gas {c.gas}, no_sync {c.no_sync}: median |error| {c.median_abs_error:.1%} over {c.cells} cells")
+    return out
+
+
 def summary(root: str, calibration_path: str | None = None) -> str:
     rows = load(root)
     parts = [f"# make gpu-check, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC", "", "## Device", *device_lines(rows)]
@@ -157,6 +180,8 @@ def summary(root: str, calibration_path: str | None = None) -> str:
     parts += ["", "## One cell alone vs inside a group (issue 21)", *isolation_lines(rows)]
     parts += ["", "## Gradient check (exact within the fp32 bound | approximate | failed)", *grad_check_lines(rows)]
     parts += ["", "## Compiled steps (torch.compile, Inductor)", *compile_lines(rows)]
+    parts += ["", "## Predicted beside measured (part 1, world size 1: the profile alone)"]
+    parts += prediction_lines(root, rows[rows["sweep_id"] == "1_main"])
     parts += ["", "## Calibration", *calibration_lines(root, calibration_path), "", "## Errors", *error_lines(rows)]
     return "\n".join(parts) + "\n"
 

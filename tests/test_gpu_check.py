@@ -92,3 +92,44 @@ def test_part_0_runs_the_calibration_code_on_one_rank(tmp_path):
     assert ran["backend"] == "gloo" and sizes == [4096 * 4**i for i in range(8)]  # 4 KiB .. 64 MiB on CPU
     assert all(r["iters"] == 10 and r["time_ms"] > 0 and r["busbw_gbps"] == 0 for r in ran["rows"][:-1])
     assert ran["rows"][-1]["kind"] == "broadcast_params" and ran["rows"][-1]["size_bytes"] > 0
+
+
+def test_the_summary_sets_world_size_1_cells_beside_the_profile(tmp_path):
+    """Part 1's shape on CPU: `predict` stores the profile (no calibration needed at world size 1), the cells
+    measure 10% slower than predicted, and the summary's section says so per cell and per curve."""
+    from dataclasses import asdict
+
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_summary
+
+    from results.schema import COLUMNS
+    from results.store import Store
+    from sweeps.specfile import parse_spec
+    from tests.test_identity import base
+
+    text = (SPECS / "1_main.yaml").read_text().replace("model: gpt2-124m", "model: tiny")
+    text = text.replace("micro_batch: 12", "micro_batch: 4").replace("seq_len: 1024", "seq_len: 32")
+    text = text.replace("backend: nccl", "backend: gloo").replace("use_gpu: true", "use_gpu: false")
+    spec_path = tmp_path / "1_main.yaml"
+    spec_path.write_text(text.replace("cpus_per_worker: 4", "cpus_per_worker: 1"))
+    root = str(tmp_path / "r")
+    out = CliRunner().invoke(app, ["predict", str(spec_path), "--results", root, "--format", "json"])
+    assert out.exit_code == 0, out.output
+    predicted = {c["cell_id"]: c["predicted_ms"] for c in json.loads(out.output)}
+    store = Store.open(root)
+    from sweeps.grid import expand
+
+    for cell in (c for c in expand(parse_spec(spec_path.read_text())) if c.step.mode == "ddp"):
+        knobs = asdict(cell.step) | {"world_size": 1, "num_nodes": 1, "backend": "gloo", "env_grid": "{}"}
+        for rep in range(3):
+            r = base("gpu-check", rep, predicted[cell.cell_id] * 1.1) | knobs | {"cell_id": cell.cell_id}
+            r |= {"device_type": "cpu", "torch_version": torch.__version__, "workers_per_node": 1}
+            store.write_row({k: v for k, v in r.items() if k in set(COLUMNS)} | {"sweep_id": "1_main"})
+    from results.store import load
+
+    lines = gpu_summary.prediction_lines(root, load(root))
+    cells = [line for line in lines if line.startswith("| ") and line.endswith("% |")]
+    assert len(cells) == 9 and all(line.endswith("| -9.1% |") for line in cells)  # 1 / 1.1 - 1
+    assert sum(line.startswith("- gas ") and "median |error| 9.1% over 3 cells" in line for line in lines) == 3
