@@ -117,7 +117,7 @@ def run(
         raise fail(str(e)) from None
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (session.Terminated, perhaps re-raised by Tune as a plain one)
         raise interrupted(plan, spec, 143 if session.terminated() else 130) from None
-    _print_summary(outcome, summary_text)
+    _print_summary(outcome, summary_text, plan)
 
 
 def stop_on_signals(session) -> None:
@@ -190,12 +190,15 @@ def _no_manifest(plan) -> bool:
         return True
 
 
-def _print_summary(outcome, summary_text) -> None:
+def _print_summary(outcome, summary_text, plan) -> None:
     from results.store import load
 
     rows = load(outcome.results, cluster=outcome.cluster, sweep=outcome.sweep_id)
     errors = int((rows["status"] == "error").sum())
     echo("\n" + summary_text(rows))
+    if plan.choice is not None:
+        grid = plan.choice.grid_cells * plan.spec.rounds
+        echo(f"search: model: {len(rows)} measurements, {len(rows) / grid:.0%} of the full grid's {grid}")
     echo(
         f"\n{len(rows)} rows ({errors} errors) in {outcome.results} cluster={outcome.cluster} sweep={outcome.sweep_id}"
     )
