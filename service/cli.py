@@ -74,6 +74,7 @@ def run(
     interval and the scaling efficiency. --dry-run prints the grid and whether this machine can run it."""
     from results.errors import StoreFull
     from sweeps import modelsearch, runner, session
+    from sweeps.plan import plan_sweep
     from sweeps.specfile import load_spec
     from sweeps.summary import cells_table, summary_text
 
@@ -81,7 +82,7 @@ def run(
     stop_on_signals(session)
     try:
         sweep_id = sweep or sweep_id
-        plan = runner.plan_sweep(
+        plan = plan_sweep(
             load_spec(spec), results=results, cluster=cluster, resume=resume, sweep_id=sweep_id, address=address
         )
         _warn_risky_env(plan.spec)
@@ -217,11 +218,12 @@ def calibrate(
     from results import costmodel
     from results.store import load_calibration
     from sweeps import runner, session
+    from sweeps.plan import plan_sweep
     from sweeps.specfile import load_spec
 
     stop_on_signals(session)
     try:
-        plan = runner.plan_sweep(load_spec(spec), results=results, cluster=cluster, calibrate_only=True)
+        plan = plan_sweep(load_spec(spec), results=results, cluster=cluster, calibrate_only=True)
         if not plan.shapes():
             raise ConfigError("workers", plan.spec.workers, "a spec with at least one multi-rank worker group")
         echo(f"calibration {plan.sweep_id}: {len(plan.shapes())} worker group(s) -> {plan.store.uri}")

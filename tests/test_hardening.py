@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from results.query import query, to_csv
 from results.store import Store, load
 from service.cli import app
-from sweeps.runner import plan_sweep
+from sweeps.plan import plan_sweep
 from sweeps.spec import SpecError
 from sweeps.specfile import load_spec, parse_spec
 from tests.seed_rows import seed_rows

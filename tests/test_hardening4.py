@@ -435,17 +435,17 @@ def test_settings_without_effect_are_named_and_contradictions_refused(tmp_path):
 def test_a_resume_with_a_spec_that_measures_differently_names_the_field(tmp_path):
     from dataclasses import asdict
 
-    from sweeps import runner
+    from sweeps.plan import plan_sweep
 
     first = parse_spec("name: r\nworkers: [2]\nrepeats: 2\n")
-    plan = runner.plan_sweep(first, results=str(tmp_path), sweep_id="r-1")
+    plan = plan_sweep(first, results=str(tmp_path), sweep_id="r-1")
     plan.store.write_manifest(plan.cluster, "r-1", {"spec": asdict(first), "cells": [c.cell_id for c in plan.cells]})
     longer = parse_spec("name: r\nworkers: [2]\nrepeats: 5\n")
     with pytest.raises(SpecError) as e:
-        runner.plan_sweep(longer, results=str(tmp_path), resume="r-1")
+        plan_sweep(longer, results=str(tmp_path), resume="r-1")
     assert e.value.field == "repeats" and "r-1" in e.value.allowed
     patient = parse_spec("name: r\nworkers: [2]\nrepeats: 2\ncell_timeout_s: 60\n")
-    assert runner.plan_sweep(patient, results=str(tmp_path), resume="r-1").resumed
+    assert plan_sweep(patient, results=str(tmp_path), resume="r-1").resumed
 
 
 def test_unclear_errors_say_what_to_do(tmp_path):

@@ -23,6 +23,7 @@ from results.store import Store, load
 from service import jobs
 from service.api import ServiceSettings, create_app
 from sweeps import machine, runner
+from sweeps.plan import plan_sweep
 from sweeps.spec import SpecError
 from sweeps.specfile import load_spec, load_spec_text, parse_spec
 from trainers.errors import ConfigError, DDPSweepError
@@ -212,7 +213,7 @@ def test_submit_reads_the_spec_text_from_the_environment(monkeypatch):
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a CPU-only machine")
 def test_nccl_on_a_cpu_only_machine_is_refused_before_ray_starts(tmp_path):
     spec = parse_spec(smoke_with("backend", "backend: nccl").replace("use_gpu: false", "use_gpu: auto"))
-    plan = runner.plan_sweep(spec, results=str(tmp_path))
+    plan = plan_sweep(spec, results=str(tmp_path))
     with pytest.raises(SpecError) as e:
         runner.check_local(plan)
     assert e.value.field == "backend" and "NCCL needs GPUs" in str(e.value)
@@ -221,13 +222,13 @@ def test_nccl_on_a_cpu_only_machine_is_refused_before_ray_starts(tmp_path):
 def test_resume_paths_and_corrupt_manifests_are_clear_errors(seed_store):
     spec = parse_spec(SMOKE)
     with pytest.raises(LabelError) as e:
-        runner.plan_sweep(spec, results=seed_store, resume="../../etc")
+        plan_sweep(spec, results=seed_store, resume="../../etc")
     assert e.value.field == "--resume"
     folder = Path(seed_store) / "cluster=local" / "sweep=broken"
     folder.mkdir(parents=True)
     (folder / "_sweep.json").write_text('{"cells": [')
     with pytest.raises(ResultsError, match="corrupt"):
-        runner.plan_sweep(spec, results=seed_store, resume="broken")
+        plan_sweep(spec, results=seed_store, resume="broken")
 
 
 def test_an_unreachable_s3_root_is_one_error_in_seconds():
@@ -300,12 +301,12 @@ def test_resuming_a_finished_sweep_starts_no_ray_and_compacts_what_a_stop_left(t
     from tests.seed_rows import row
 
     spec = parse_spec(smoke_with("gas", "gas: [1]"))
-    plan = runner.plan_sweep(spec, results=str(tmp_path), sweep_id="done")
+    plan = plan_sweep(spec, results=str(tmp_path), sweep_id="done")
     plan.store.write_manifest("local", "done", {"cells": [c.cell_id for c in plan.cells]})
     for cell, rnd in plan.todo:  # every pair measured; the driver stopped before it compacted
         plan.store.write_row(row("ddp", 2, 100.0, cluster="local", sweep="done", cell_id=cell.cell_id, repeat=rnd))
     assert len(plan.store.files()) == len(plan.todo) == 12
-    resumed = runner.plan_sweep(spec, results=str(tmp_path), resume="done")
+    resumed = plan_sweep(spec, results=str(tmp_path), resume="done")
     assert resumed.todo == [] and not ray.is_initialized()
     monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("a sweep with nothing to measure started Ray"))
     outcome = runner.execute(resumed)

@@ -10,7 +10,8 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from sweeps.runner import execute, plan_sweep
+from sweeps.plan import plan_sweep
+from sweeps.runner import execute
 from sweeps.spec import SpecError
 from sweeps.specfile import parse_spec
 from tests.test_two_nodes import why_no_namespaces

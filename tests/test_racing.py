@@ -104,7 +104,7 @@ def spec(**kw) -> SweepSpec:
 
 
 def planner_for(s: SweepSpec) -> RoundPlanner:
-    from sweeps.runner import SweepPlan
+    from sweeps.plan import SweepPlan
 
     cells = [c for c in expand(s) if c.step.mode == "ddp"]
     plan = SweepPlan(s, "s", "c", None, cells, [(c, r) for c in cells for r in range(s.rounds)])
@@ -208,7 +208,7 @@ def test_a_resumed_race_looks_at_every_round_it_has():
         for row in round_rows(rng, {c.cell_id: 0.3 if c.cell_id == slow else 0.0}, range(3), 0.01)
     ]
     (group,) = plan_groups([(c, r) for c in cells for r in range(3, 6)], sweep_id="s")
-    from sweeps.runner import SweepPlan
+    from sweeps.plan import SweepPlan
 
     rule = SweepPlan(s, "s", "c", None, cells, []).rule()
     p = RoundPlanner(replace(group, prior=tuple(prior)), rule)

@@ -141,7 +141,7 @@ def test_a_row_measured_again_after_compaction_replaces_the_compacted_one(two_sw
 
 
 def test_resume_after_compaction_measures_only_the_missing_pairs(tmp_path):
-    from sweeps.runner import plan_sweep
+    from sweeps.plan import plan_sweep
     from sweeps.specfile import parse_spec
 
     spec = parse_spec("name: r\nbucket_cap_mb: [1, 5]\nrepeats: 2\nuse_gpu: false\n")

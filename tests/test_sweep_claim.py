@@ -14,7 +14,7 @@ import pytest
 
 from results.lease import lease
 from results.store import Store
-from sweeps.runner import CLAIM, claimed, plan_sweep
+from sweeps.plan import CLAIM, claimed, plan_sweep
 from sweeps.spec import SpecError
 from sweeps.specfile import parse_spec
 from tests.test_cli_sweep import ddpsweep

@@ -14,7 +14,8 @@ from results.query import query
 from results.store import Store, load
 from sweeps import leftover
 from sweeps.grid import expand
-from sweeps.runner import execute, plan_sweep
+from sweeps.plan import plan_sweep
+from sweeps.runner import execute
 from sweeps.specfile import parse_spec
 from sweeps.startmarks import ORDER
 from sweeps.worker import FAULT_FILE_ENV

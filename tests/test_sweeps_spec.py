@@ -154,7 +154,7 @@ def test_preflight_names_what_is_missing():
 
 def test_resume_refuses_an_unknown_sweep_and_a_changed_grid(tmp_path):
     from results.store import Store
-    from sweeps.runner import plan_sweep
+    from sweeps.plan import plan_sweep
 
     spec = parse_spec("name: r\nbucket_cap_mb: [1, 25]")
     with pytest.raises(SpecError) as err:
@@ -401,8 +401,9 @@ def test_bad_knob_values_name_their_field(text, field):
 
 def test_bf16_on_a_machine_without_gpus_is_refused_before_ray_with_the_field():
     from sweeps import runner
+    from sweeps.plan import plan_sweep
 
-    plan = runner.plan_sweep(parse_spec("name: b\ncomm_hook: [bf16]\n"), results="/tmp/unused-ddpsweep")
+    plan = plan_sweep(parse_spec("name: b\ncomm_hook: [bf16]\n"), results="/tmp/unused-ddpsweep")
     with pytest.raises(SpecError) as e:
         runner.check_local(plan)  # use_gpu: auto on this CPU machine
     assert e.value.field == "comm_hook[0]" and "CUDA" in str(e.value)
