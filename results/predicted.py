@@ -58,10 +58,13 @@ def profiles_of(table: pd.DataFrame | None) -> dict[tuple[str, str], Profile]:
 
 
 def newest_costs(calibration: pd.DataFrame) -> dict[tuple[str, int, int], Cost]:
-    """Per (cluster, world size, nodes): t(bytes) from the fit of its newest calibration."""
+    """Per (cluster, world size, nodes): t(bytes) from the fit of its newest calibration (by when it was
+    measured: sweep ids begin with the spec's name, so they do not sort by time)."""
     if len(calibration) == 0:
         return {}
-    fits = costmodel.fits(calibration).sort_values("sweep_id")
+    when = calibration.groupby("sweep_id")["measured_at"].max()
+    fits = costmodel.fits(calibration)
+    fits = fits.assign(measured_at=fits["sweep_id"].map(when)).sort_values("measured_at")
     return {(r["cluster"], int(r["world_size"]), int(r["num_nodes"])): cost(r) for _, r in fits.iterrows()}
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
+import pytest
 from typer.testing import CliRunner
 
 from results.store import Store
@@ -23,14 +24,16 @@ comm_hook: [none, powersgd]
 """
 
 
-def calibrate(root: str, alpha_ms: float = 0.5, gbps: float = 0.1, cluster: str = "lab") -> None:
+def calibrate(
+    root: str, alpha_ms: float = 0.5, gbps: float = 0.1, cluster: str = "lab", sweep: str = "cal-1", when=None
+) -> None:
     """A 1x2 calibration of t(m) = alpha + m / beta on `cluster` (what `ddpsweep calibrate` writes)."""
     rows = []
     for size in (2**k for k in range(10, 24, 2)):
         ms = alpha_ms + size / (gbps * 1e9) * 1e3
         rows.append(
-            {"sweep_id": "cal-1", "cluster": cluster, "group_id": "g", "world_size": 2, "num_nodes": 1}
-            | {"workers_per_node": 2, "backend": "gloo", "measured_at": datetime.now(UTC), "kind": "all_reduce"}
+            {"sweep_id": sweep, "cluster": cluster, "group_id": "g", "world_size": 2, "num_nodes": 1}
+            | {"workers_per_node": 2, "backend": "gloo", "measured_at": when or datetime.now(UTC), "kind": "all_reduce"}
             | {"size_bytes": size, "time_ms": ms, "times_ms": [ms], "iters": 5}
         )
     Store.open(root).write_calibration(rows)
@@ -173,3 +176,17 @@ def test_without_a_profile_the_prediction_columns_are_null_and_the_view_empty(tm
     assert query(root, "select * from predicted") == []
     curves = query(root, "select predicted_best_bucket_cap_mb, prediction_spearman_fitted from u_curve")
     assert len(curves) == 3 and all(v is None for c in curves for v in c.values())
+
+
+def test_the_newest_calibration_is_the_one_measured_last_whatever_its_name(tmp_path):
+    from datetime import timedelta
+
+    from results import predicted
+    from results.store import load_calibration
+
+    root = str(tmp_path)
+    now = datetime.now(UTC)
+    calibrate(root, alpha_ms=9.0, sweep="zz-older", when=now - timedelta(hours=1))
+    calibrate(root, alpha_ms=1.0, sweep="aa-newer", when=now)
+    t = predicted.newest_costs(load_calibration(root, "lab"))[("lab", 2, 1)]
+    assert t(0) == pytest.approx(1.0, rel=0.05)  # alpha of aa-newer: sweep ids begin with a spec's name
