@@ -85,7 +85,10 @@ class Store:
         Ray starts; creating a folder that exists succeeds on a read-only mount, a write does not)."""
         probe, opened = f"{self.root}/.probe-{uuid.uuid4().hex[:8]}", False
         try:
-            self.fs.create_dir(self.root, recursive=True)
+            # GCS has no folders to make, and pyarrow's create_dir there is several requests, each retried:
+            # 35 s before an unreachable endpoint is an error (the probe alone: 6 s)
+            if not isinstance(self.fs, pafs.GcsFileSystem):
+                self.fs.create_dir(self.root, recursive=True)
             with self.fs.open_output_stream(probe) as out:
                 opened = True
                 out.write(b"ddpsweep")

@@ -254,9 +254,6 @@ def predict(
         str | None,
         typer.Option(metavar="HEAD:PORT", help="profile on this Ray cluster (default: RAY_ADDRESS, else here)"),
     ] = None,
-    calibrate_missing: Annotated[
-        bool, typer.Option("--calibrate", help="measure a missing calibration first (as `ddpsweep calibrate`)")
-    ] = False,
 ) -> None:
     """Each cell's step from the overlap model before anything is measured, and the predicted best bucket of
     every curve: from the cluster's calibration (`ddpsweep calibrate`) and a profile of the workload (run on the
@@ -271,7 +268,7 @@ def predict(
         parsed = load_spec(spec)
         root, label = results or parsed.results, cluster or parsed.cluster
         store = Store.open(root)
-        given = model.inputs(parsed, store, label, address, calibrate_missing)
+        given = model.inputs(parsed, store, label, address)
         if sweep is not None:
             rows, calibration = load(root, cluster=label, sweep=sweep), load_calibration(root, label)
             out = predicted.compare(rows, predicted.profiles_of(store.read_profiles().to_pandas()), calibration)

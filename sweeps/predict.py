@@ -66,15 +66,6 @@ def placement_costs(store: Store, cluster: str, cells: list[Cell]) -> dict[tuple
     return out
 
 
-def calibrate_placements(spec: SweepSpec, store: Store, cluster: str, address: str | None) -> None:
-    """`ddpsweep calibrate`: an all-reduce sweep on each multi-rank worker group of the spec."""
-    from sweeps import runner
-    from sweeps.plan import plan_sweep
-
-    plan = plan_sweep(spec, results=store.uri, cluster=cluster, calibrate_only=True)
-    runner.execute(plan, address=address)
-
-
 def predict_cell(cell: Cell, prof: Profile, t: predicted.Cost | None, slowdown: float = 1.0) -> dict:
     """The model's step for one cell (None with the reason where it is not modeled)."""
     out = {"cell_id": cell.cell_id, "topology": cell.topology, **asdict(cell.step)}
@@ -100,17 +91,11 @@ class Inputs:
         return sum(fresh for _, fresh in self.profiles.values())
 
 
-def inputs(spec: SweepSpec, store: Store, cluster: str, address: str | None = None, calibrate: bool = False) -> Inputs:
-    """Calibration fits first (a missing one fails before any profile runs, or with `calibrate` is measured
-    as `ddpsweep calibrate` would), then the profiles (on the cluster with an address or RAY_ADDRESS)."""
+def inputs(spec: SweepSpec, store: Store, cluster: str, address: str | None = None) -> Inputs:
+    """Calibration fits first (a missing one fails before any profile runs), then the profiles (on the cluster
+    with an address or RAY_ADDRESS)."""
     cells = expand(spec)
-    try:
-        costs = placement_costs(store, cluster, cells)
-    except NoCalibration:
-        if not calibrate:
-            raise
-        calibrate_placements(spec, store, cluster, address)
-        costs = placement_costs(store, cluster, cells)
+    costs = placement_costs(store, cluster, cells)
     with Profiler(spec, address) as profiler:
         return Inputs(cells, costs, profiles(cells, store, cluster, profiler), profiler.device(), profiler.where)
 

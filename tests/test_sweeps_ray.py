@@ -326,29 +326,25 @@ def test_search_model_measures_the_models_choice_and_each_row_says_why(fault_fil
     assert resumed.todo == []
 
 
-def test_predict_calibrates_and_profiles_on_the_cluster(fault_file, tmp_path, monkeypatch):
-    """`predict --calibrate --address`: the missing calibration is measured on the cluster's 1x2 group, and the
-    profile is a Ray task (a worker's resources, the cluster's device and torch): this process's profiler is
-    broken on purpose and the profile is still made and stored."""
+def test_with_a_cluster_the_profile_runs_there_as_a_task(fault_file, tmp_path, monkeypatch):
+    """`predict --address`: the profile is a Ray task (a worker's resources, the cluster's device and torch): this
+    process's profiler is broken on purpose and the profile is still made and stored."""
     from typer.testing import CliRunner
 
     import trainers.profile
-    from results.store import load_calibration
     from service.cli import app
+    from tests.test_predict import calibrate
 
     def broken(*args, **kwargs):
         raise AssertionError("profiled in the driver's process")
 
     monkeypatch.setattr(trainers.profile, "profile_micro_step", broken)
-    fault_file.write_text("")
     spec = tmp_path / "p.yaml"
     spec.write_text(spec_text())
     root = str(tmp_path / "r")
-    args = ["predict", str(spec), "--results", root, "--address", "the-test-cluster", "--calibrate"]
-    out = CliRunner().invoke(app, args)
+    calibrate(root, cluster="test")
+    out = CliRunner().invoke(app, ["predict", str(spec), "--results", root, "--address", "the-test-cluster"])
     assert out.exit_code == 0, out.output
     assert out.output.startswith("profiles run on the cluster (cpu): 1")
     assert out.output.count("<- predicted best of its curve") == 1
-    calibration = load_calibration(root, "test")
-    assert set(calibration["world_size"]) == {2} and (calibration["time_ms"] > 0).all()
     assert len(Store.open(root).read_profiles()) == 1
