@@ -32,9 +32,10 @@ def profile_key(cell: Cell, device: str, torch_version: str) -> str:
     return predicted.profile_key(asdict(cell.step), device, torch_version)
 
 
-def profiles(cells: list[Cell], store: Store, cluster: str, profiler: Profiler) -> dict[str, tuple[Profile, bool]]:
-    """Per profile key: the stored profile, or one run by `profiler` and stored (True: run now)."""
-    device = profiler.device()
+def profiles(
+    cells: list[Cell], store: Store, cluster: str, profiler: Profiler, device: Device
+) -> dict[str, tuple[Profile, bool]]:
+    """Per profile key: the stored profile, or one run by `profiler` on `device` and stored (True: run now)."""
     out: dict[str, tuple[Profile, bool]] = {}
     for cell in cells:
         key = profile_key(cell, device.type, device.torch_version)
@@ -97,7 +98,8 @@ def inputs(spec: SweepSpec, store: Store, cluster: str, address: str | None = No
     cells = expand(spec)
     costs = placement_costs(store, cluster, cells)
     with Profiler(spec, address) as profiler:
-        return Inputs(cells, costs, profiles(cells, store, cluster, profiler), profiler.device(), profiler.where)
+        device = profiler.device()  # on a cluster a Ray task: asked once
+        return Inputs(cells, costs, profiles(cells, store, cluster, profiler, device), device, profiler.where)
 
 
 def predictions(given: Inputs, slowdown: dict[tuple, float] | None = None) -> pd.DataFrame:
