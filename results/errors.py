@@ -1,6 +1,6 @@
 """Exceptions of the results layer.
 
-ResultsError (a DDPSweepError)   400  base of every results error (a user mistake, never a bug)
+ResultsError                     400  base of every results error (a user mistake, never a bug)
 ├── StoreNotFound                404  the results root is missing or holds no rows
 ├── UnknownSelection             404  a cluster or sweep label that is not in the store (lists what is)
 ├── LabelError                   422  a cluster / sweep / cell label that is not a safe path segment
@@ -8,16 +8,15 @@ ResultsError (a DDPSweepError)   400  base of every results error (a user mistak
 ├── TooLarge                     413  more rows than a page analyses or a server holds (says how to narrow)
 └── QueryError                   400  a SQL query failed, was refused by the sandbox, or hit a limit
 
-The root, trainers.errors.DDPSweepError, is the one module of `trainers` that `results` may import:
-it imports nothing itself.
+ResultsError is a root of its own beside trainers.errors.DDPSweepError (the root of every other error): results
+never imports trainers. The edges know both roots (service.cli_common.KNOWN_ERRORS): the CLI's exit code, the
+HTTP API's status and its one JSON error shape are the same for either.
 """
 
 from __future__ import annotations
 
-from trainers.errors import DDPSweepError
 
-
-class ResultsError(DDPSweepError):
+class ResultsError(Exception):
     """Base class of the results layer's errors."""
 
     http_status = 400

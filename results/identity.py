@@ -1,4 +1,6 @@
-"""What makes two rows the same configuration, derived from the one declaration of the knobs (trainers.knobs).
+"""What makes two rows the same configuration, derived from the one declaration of the knobs.
+
+The declaration is trainers/knobs.json, read by results.knobs.
 
 Every view groups, pairs or draws by these lists, never by a list of its own: two rows that differ in any knob
 are two configurations, and no analysis, comparison, race, recommendation, scaling series or summary line
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from trainers.knobs import COMPILE, KNOBS, MEASURE, SWEPT, UNSET, WORKLOAD, Knob, show
+from results.knobs import COMPILE, KNOBS, MEASURE, SWEPT, UNSET, WORKLOAD, Knob, show
 
 CONFIGURATION: list[str] = [k.name for k in KNOBS]
 """Every knob: the configuration a row measured (row columns of the same names)."""

@@ -26,8 +26,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from results.errors import TooLarge
+from results.knobs import KNOBS
 from results.schema import SCHEMA, conform_to
-from trainers.knobs import KNOBS
 
 log = logging.getLogger(__name__)
 REQUIRED = [f.name for f in SCHEMA if not f.nullable]

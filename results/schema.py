@@ -6,7 +6,7 @@ import math
 
 import pyarrow as pa
 
-from trainers.knobs import BY_NAME, KNOBS, STEP_KNOBS, UNSET, Knob
+from results.knobs import BY_NAME, KNOBS, STEP_KNOBS, UNSET, Knob
 
 _TS = pa.timestamp("us", tz="UTC")
 
@@ -26,11 +26,11 @@ _TYPES = {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64(), "floa
 
 
 def _knob_column(knob: Knob) -> pa.Field:
-    """A knob's column (trainers.knobs: its name and Arrow type)."""
+    """A knob's column (the knob table: its name and Arrow type)."""
     return pa.field(knob.name, _TYPES[knob.column_type])
 
 
-# The step's configuration: one column per knob of StepConfig (trainers.knobs.STEP_KNOBS), in its order.
+# The step's configuration: one column per knob of StepConfig (results.knobs.STEP_KNOBS), in its order.
 CONFIGURATION = [_knob_column(k) for k in STEP_KNOBS]
 
 # Where and how the cell ran: its placement, and how the sweep scheduled it.

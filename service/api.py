@@ -38,6 +38,7 @@ from results.store import require_label
 from results.views import VIEWS
 from service import dashboard, jobs
 from service.clusterstate import ClusterState
+from service.errors import KNOWN_ERRORS
 from sweeps import envvars
 from trainers.errors import DDPSweepError
 
@@ -75,14 +76,15 @@ def _error_response(status: int, type_: str, message: str, field: str | None = N
 
 
 def install_error_handlers(app: FastAPI, settings: ServiceSettings) -> None:
-    async def known_error(_: Request, exc: DDPSweepError):
+    async def known_error(_: Request, exc: Exception):
         root = os.path.abspath(os.path.expanduser(settings.results))
         message = query_mod.scrub(getattr(exc, "message", None) or str(exc), settings.results, root)
         return _error_response(
             exc.http_status, getattr(exc, "type", type(exc).__name__), message, getattr(exc, "field", None)
         )
 
-    app.add_exception_handler(DDPSweepError, known_error)  # every error of the tree carries its http_status
+    for root in KNOWN_ERRORS:  # every error of either tree carries its http_status
+        app.add_exception_handler(root, known_error)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException):

@@ -15,7 +15,8 @@ import typer
 
 from service import cli_cluster, cli_results
 from service.cli_common import OldSweepIdOpt, echo, fail
-from trainers.errors import ConfigError, DDPSweepError
+from service.errors import KNOWN_ERRORS
+from trainers.errors import ConfigError
 
 if TYPE_CHECKING:
     from sweeps.spec import SweepSpec
@@ -112,7 +113,7 @@ def run(
             )
     except StoreFull as e:
         raise store_full(plan, spec, e) from None
-    except DDPSweepError as e:
+    except KNOWN_ERRORS as e:
         if verbose and e.__cause__ is not None:  # the user code's own traceback (a workload that failed)
             echo("".join(traceback.format_exception(e.__cause__)).rstrip(), err=True)
         raise fail(str(e)) from None
@@ -229,7 +230,7 @@ def calibrate(
         echo(f"calibration {plan.sweep_id}: {len(plan.shapes())} worker group(s) -> {plan.store.uri}")
         runner.execute(plan, address=address, verbose=verbose)
         fits = costmodel.fits(load_calibration(plan.store.uri, plan.cluster, plan.sweep_id))
-    except DDPSweepError as e:
+    except KNOWN_ERRORS as e:
         raise fail(str(e)) from None
     except KeyboardInterrupt:
         echo("\ninterrupted: calibration stopped; groups already calibrated are kept (run it again)", err=True)
@@ -272,7 +273,7 @@ def predict(
         if sweep is not None:
             rows, calibration = load(root, cluster=label, sweep=sweep), load_calibration(root, label)
             out = predicted.compare(rows, predicted.profiles_of(store.read_profiles().to_pandas()), calibration)
-    except DDPSweepError as e:
+    except KNOWN_ERRORS as e:
         raise fail(str(e)) from None
     if sweep is not None:
         as_json = json.dumps({k: json.loads(v.to_json(orient="records")) for k, v in out.items()})

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from service.cli_common import DEFAULT_RESULTS, DashboardOpt, OldAddressOpt, ResultsOpt, echo, fail
-from trainers.errors import DDPSweepError
+from service.errors import KNOWN_ERRORS
 
 
 def submit(
@@ -34,7 +34,7 @@ def submit(
         if workdir is None and jobs.needs_code(parsed):
             workdir = os.getcwd()  # the user's own folder, checked before anything is packaged
         sweep_id, job_id = jobs.submit(text, parsed, address=address, cluster=cluster, results=results, workdir=workdir)
-    except DDPSweepError as e:
+    except KNOWN_ERRORS as e:
         raise fail(str(e)) from None
     echo(f"sweep {sweep_id} submitted as job {job_id}")
 
@@ -50,7 +50,7 @@ def status(
 
     try:
         found = jobs.status(address, sweep_id)
-    except DDPSweepError as e:
+    except KNOWN_ERRORS as e:
         raise fail(str(e)) from None
     if not found:
         echo("no sweeps on this cluster")
@@ -86,7 +86,7 @@ def logs(
 
         with LogProgress() as out:
             asyncio.run(stream(out))
-    except DDPSweepError as e:
+    except KNOWN_ERRORS as e:
         raise fail(str(e)) from None
 
 
@@ -101,7 +101,7 @@ def stop(
 
     try:
         stopped = jobs.stop(address, sweep_id)
-    except DDPSweepError as e:
+    except KNOWN_ERRORS as e:
         raise fail(str(e)) from None
     echo(f"sweep {sweep_id}: {'stop requested' if stopped else 'was not running'}")
 
@@ -177,7 +177,7 @@ def _workload_dir(path: str | None) -> str | None:
 
     try:
         return None if path is None else str(check_workdir(path, what="--workload-dir"))
-    except DDPSweepError as e:
+    except KNOWN_ERRORS as e:
         raise fail(str(e)) from None
 
 

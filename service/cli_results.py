@@ -11,7 +11,8 @@ import typer
 
 from results.views import VIEWS
 from service.cli_common import DEFAULT_RESULTS, ResultsOpt, echo, fail
-from trainers.errors import ConfigError, DDPSweepError
+from service.errors import KNOWN_ERRORS
+from trainers.errors import ConfigError
 
 TableFormat = Literal["table", "csv", "json"]  # = results.query.FORMATS (not imported: it loads the engine)
 
@@ -33,7 +34,7 @@ def query(
     try:
         with isolation.memory_limited(), isolation.hard_deadline(timeout + isolation.GRACE_S, expired):
             echo(render_table(query_table(results, sql, timeout_s=timeout), fmt), data=fmt != "table")
-    except DDPSweepError as e:
+    except KNOWN_ERRORS as e:
         raise fail(str(e)) from None
 
 
@@ -52,7 +53,7 @@ def compact(
             if label is not None:
                 require_label(field, label)
         done = run_compact(Store.open(results), cluster, sweep)
-    except DDPSweepError as e:
+    except KNOWN_ERRORS as e:
         raise fail(str(e)) from None
     for c in (c for c in done if c.files_read or c.skipped):
         where = f"cluster={c.cluster}" + (" pack" if c.sweep_id == "*" else f" sweep={c.sweep_id}")
@@ -99,7 +100,7 @@ def compare(
         echo(render(compare_clusters(both, cluster[0], cluster[1]), fmt), data=fmt != "table")
         if scaling_figure:
             _write_scaling_figure(both, scaling_figure)
-    except DDPSweepError as e:
+    except KNOWN_ERRORS as e:
         raise fail(str(e)) from None
 
 
@@ -138,7 +139,7 @@ def scaling(
         calibration = pd.concat([load_calibration(results, c, sweep) for c in (cluster or [None])])
         table = scaling_table(rows, calibration)
         render(table.head(0), fmt)  # an unknown --format is refused before anything is printed
-    except DDPSweepError as e:
+    except KNOWN_ERRORS as e:
         raise fail(str(e)) from None
     if table.empty:
         raise fail("no ok DDP rows to scale: run a sweep with a topology axis (e.g. topology: [1x1, 1x2, 2x1])")
@@ -203,7 +204,7 @@ def report(
         title = f"ddpsweep report: {', '.join(cluster or ['all clusters'])}"
         Path(out).write_text(render_html(rows, title, algbw, calibration, model))
         echo(out)
-    except DDPSweepError as e:
+    except KNOWN_ERRORS as e:
         raise fail(str(e)) from None
     except OSError as e:
         what = "a folder for the PNGs" if fmt == "png" else "a writable .html file path"
@@ -227,7 +228,7 @@ def recommend(
         if fmt not in ("text", "json"):
             raise ConfigError("--format", fmt, "text or json")
         recs = run_recommend(load(results, cluster=cluster, sweep=sweep))
-    except DDPSweepError as e:
+    except KNOWN_ERRORS as e:
         raise fail(str(e)) from None
     echo(to_json(recs) if fmt == "json" else to_text(recs))
 

@@ -225,9 +225,8 @@ def http_reference() -> str:
 
 
 def errors_reference() -> str:
+    import trainers.errors as root_errors  # the measuring core's tree (service may name its error types)
     from results import errors as results_errors
-
-    root_errors = inspect.getmodule(results_errors.DDPSweepError)  # the tree's root module (documents the tree)
 
     return "\n".join(
         [
@@ -244,10 +243,14 @@ def errors_reference() -> str:
             "| 130 | interrupted (Ctrl-C): rows already written stay; the message gives the command that resumes |",
             "| 143 | terminated (SIGTERM: kill, Kubernetes, Ray Jobs' stop): as 130 |",
             "",
-            "## The error tree",
+            "## The error trees",
+            "",
+            "Two roots: `DDPSweepError` (the measuring core, sweeps and the service) and `ResultsError` (the store",
+            "and its queries; results never imports the measuring core). The CLI and the HTTP API treat both alike:",
+            "each class carries the HTTP status the API answers with.",
             "",
             "```",
-            inspect.cleandoc(getattr(root_errors, "__doc__", None) or "").split("\n\n", 1)[1],
+            inspect.cleandoc(root_errors.__doc__ or "").split("\n\n")[-1],
             "",
             inspect.cleandoc(results_errors.__doc__ or "").split("\n\n", 1)[1].split("\n\n")[0],
             "```",

@@ -8,9 +8,9 @@ import dataclasses
 import pandas as pd
 
 from results import analysis, identity, racing
+from results.knobs import KNOBS, at_default, show
 from results.uncertainty import rel_width
 from sweeps.grid import Cell
-from trainers.knobs import KNOBS, at_default, show
 
 WIDE_REL = 0.04  # an interval wider than ±2% of its median is listed as noisy
 

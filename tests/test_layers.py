@@ -14,10 +14,9 @@ FORBIDDEN = {
     "sweeps": {"service"},
     "service": {"trainers"},  # through sweeps and results; of trainers only its error types (below)
 }
-# The exceptions: two leaves of trainers that import nothing of the project (nor torch): the error tree's root,
-# so results may derive its errors from it, and the knob table, so results derives every view's notion of a
-# configuration from the one declaration of it.
-ALLOWED_MODULES = {"results": {"trainers.errors", "trainers.knobs"}, "service": {"trainers.errors"}}
+# The one exception: the service edge names the measuring core's error types (a leaf that imports nothing of the
+# project, nor torch). results and trainers share the knob table as data (trainers/knobs.json), not as an import.
+ALLOWED_MODULES = {"service": {"trainers.errors"}}
 
 
 def imported_roots(path: Path, allowed: set[str] | frozenset[str] = frozenset()) -> set[str]:
@@ -51,10 +50,31 @@ def test_the_guard_can_fail(tmp_path):
 
 
 def test_the_allowed_modules_are_leaves():
-    """What results may import of trainers imports nothing of the project, nor torch or ray."""
-    for module in ALLOWED_MODULES["results"]:
+    """What service may import of trainers imports nothing of the project, nor torch or ray."""
+    for module in ALLOWED_MODULES["service"]:
         path = ROOT / (module.replace(".", "/") + ".py")
         assert imported_roots(path) & {"trainers", "results", "sweeps", "service", "torch", "ray"} == set(), module
+
+
+DYNAMIC = ("import_module(", "__import__(", "find_spec(", "exec(", "run_module(")
+
+
+def test_results_reaches_trainers_only_for_the_knob_table():
+    """No import by another name: of results' modules only results/knobs.py looks for the trainers package, and
+    only to read its data file (find_spec runs none of its code)."""
+    uses = {
+        str(path.relative_to(ROOT)): [d for d in DYNAMIC if d in path.read_text()]
+        for path in (ROOT / "results").rglob("*.py")
+    }
+    assert {k: v for k, v in uses.items() if v} == {
+        "results/__init__.py": ["import_module("],
+        "results/knobs.py": ["find_spec("],
+    }
+    text = (ROOT / "results" / "knobs.py").read_text()
+    assert 'find_spec("trainers")' in text and '"knobs.json"' in text
+    import results  # its lazy names load its own modules only
+
+    assert {m.split(".")[0] for m in results._LAZY.values()} == {"results"}
 
 
 def package_imports(tree: ast.AST, package: str) -> set[str]:

@@ -1,15 +1,15 @@
-"""The root of ddpsweep's one error tree, and the measuring core's own errors.
+"""The root of the measuring core's error tree (sweeps and the service derive from it too), and its own errors.
 
-This module imports nothing of the project, so every layer (results included) can derive from it.
+This module imports nothing of the project, so the service edge may name these types. results has a root of its
+own (results.errors.ResultsError): results never imports trainers; the edges know both (service.errors).
 Each class carries `http_status`, the status the HTTP API answers with (datasette's style): the edge
 reads it, it never tests classes one by one.
 
-DDPSweepError                    500  base of every error ddpsweep raises on purpose
+DDPSweepError                    500  base of every error ddpsweep raises on purpose outside results
 ├── ConfigError                  422  a configuration value is invalid (names the field and what is allowed)
 │   └── sweeps.spec.SpecError    422  a sweep spec field or command-line option is invalid
 ├── trainers.collectives.CalibrationError   500  an all-reduce returned a wrong sum
 ├── StepError                    500  a cell's step cannot be measured as set (kept recompiling, ran no collective)
-├── results.errors.ResultsError  400  a results-store or query mistake (see results/errors.py)
 └── service.jobs.JobsError       503  Ray Jobs unreachable or refusing (SweepNotFound: 404)
 """
 
