@@ -35,7 +35,7 @@ T = TypeVar("T")
 
 
 class CachedStore:
-    """Rows and calibration of one results root, in memory."""
+    """Rows, calibration and profiles of one results root, in memory."""
 
     def __init__(self, root: str, refresh_s: float = 1.0, max_rows: int | None = STORE_MAX_ROWS) -> None:
         self.root, self.refresh_s = root, refresh_s
@@ -43,11 +43,12 @@ class CachedStore:
         self._rows = RowCache(self.store.fs, max_rows)
         self._calibration: pd.DataFrame | None = None
         self._profiles: pa.Table | None = None
+        self._profile_files: list = []  # the profiles' (path, mtime, size) as last listed
         self._listed_at = float("-inf")
         self._lock = threading.Lock()
         self._manifests: dict[tuple[str, str], dict | None] = {}
         self._ipc_dir = tempfile.mkdtemp(prefix="ddpsweep-cache-")
-        self._ipc: tuple[object, object, tuple[str, ...]] | None = None  # (rows, calibration, paths)
+        self._ipc: tuple[tuple, tuple[str, ...]] | None = None  # ((rows, calibration, profiles), paths)
         self._ipc_lock = threading.Lock()
         self._memo: dict[tuple, tuple[object, object, float]] = {}  # key -> (rows snapshot, value, seconds)
         self._memo_locks = [threading.Lock() for _ in range(MEMO_LOCKS)]  # by key hash: bounded, whatever is asked
@@ -57,19 +58,19 @@ class CachedStore:
     def ipc_files(self) -> tuple[str, str, str]:
         """The current rows, calibration and profiles as Arrow IPC files (for query children to memory-map),
         written once per snapshot."""
-        rows, calibration = self.table(), self.calibration()
+        rows, calibration, profiles = self.table(), self.calibration(), self.profiles()
         with self._ipc_lock:
-            if self._ipc is not None and self._ipc[0] is rows and self._ipc[1] is calibration:
-                return self._ipc[2]
+            if self._ipc is not None and _same(self._ipc[0], (rows, calibration, profiles)):
+                return self._ipc[1]
             stamp = f"{time.monotonic_ns()}"
             paths = tuple(os.path.join(self._ipc_dir, f"{part}-{stamp}.arrow") for part in ("rows", "cal", "profiles"))
             isolation.write_ipc(rows, paths[0])
             isolation.write_ipc(pa.Table.from_pandas(calibration, preserve_index=False), paths[1])
-            isolation.write_ipc(self.profiles(), paths[2])
+            isolation.write_ipc(profiles, paths[2])
             if self._ipc is not None:  # a child still mapping the old files keeps them until it ends
-                for old in self._ipc[2]:
+                for old in self._ipc[1]:
                     os.unlink(old)
-            self._ipc = (rows, calibration, paths)
+            self._ipc = ((rows, calibration, profiles), paths)
             return paths
 
     def table(self) -> pa.Table:
@@ -78,33 +79,37 @@ class CachedStore:
             return self._rows.snapshot
         self._listed_at = time.monotonic()
         before = self._rows.snapshot
-        snapshot = self._rows.refresh(self.store.listing())
-        if snapshot is not before:  # new rows: calibration and profiles are written with them, re-read when needed
-            with self._lock:
+        row_files, profile_files = self.store.listings()
+        snapshot = self._rows.refresh(row_files)
+        with self._lock:
+            if snapshot is not before:  # new rows: the calibration files are written with them, re-read when needed
                 self._calibration = self._profiles = None
+            if profile_files != self._profile_files:  # `ddpsweep predict` profiles without writing rows
+                self._profile_files, self._profiles = profile_files, None
         return snapshot
 
     def memo(self, key: tuple, compute: Callable[[], T]) -> T:
-        """`compute()` once per version of the store (its rows snapshot: calibration files are written with
-        a group's rows): while it runs, requests for the same key wait for its result; later ones reuse it
-        until new rows arrive (a report renders in seconds; a burst of identical requests renders it once)."""
-        rows = self.table()
+        """`compute()` once per version of the store (its rows snapshot, calibration files being written with
+        a group's rows, and its profiles): while it runs, requests for the same key wait for its result; later
+        ones reuse it until the store changes (a report renders in seconds; a burst of identical requests
+        renders it once)."""
+        version = (self.table(), self.profiles())
         with self._memo_locks[hash(key) % MEMO_LOCKS]:
             hit = self._memo.get(key)
-            if hit is not None and hit[0] is rows:
+            if hit is not None and _same(hit[0], version):
                 return hit[1]  # type: ignore[return-value]
             started = time.perf_counter()
             value = compute()
             with self._memo_lock:
-                self._memo[key] = (rows, value, time.perf_counter() - started)
+                self._memo[key] = (version, value, time.perf_counter() - started)
                 while len(self._memo) > MEMO_ENTRIES:
-                    self._memo.pop(self._victim(rows))
+                    self._memo.pop(self._victim(version))
             return value
 
-    def _victim(self, rows: object) -> tuple:
+    def _victim(self, version: tuple) -> tuple:
         """The entry to drop: one of an older version of the store, else the cheapest to compute again (cheap
         pages, however many are asked, never push out an expensive report)."""
-        stale = next((k for k, entry in self._memo.items() if entry[0] is not rows), None)
+        stale = next((k for k, entry in self._memo.items() if not _same(entry[0], version)), None)
         return stale if stale is not None else min(self._memo, key=lambda k: self._memo[k][2])
 
     def manifest(self, cluster: str, sweep: str) -> dict | None:
@@ -164,3 +169,8 @@ def _too_many(rows: int, limit: int, cluster: str | None, sweep: str | None) -> 
         f"{what} holds {rows} rows, more than a page analyses ({limit}; a sweep has hundreds): select one "
         "sweep, or aggregate with SQL (`ddpsweep query`, POST /query), which has no such limit"
     )
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    """Two versions of the store are the same objects (snapshots are replaced, never changed in place)."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))

@@ -218,10 +218,16 @@ class Store:
         """Row files as `cluster=<c>/sweep=<s>/<name>.parquet`, and each cluster's pack
         `cluster=<c>/compacted.parquet` (rows of many sweeps; with `sweep`, included when `packs`, since it may
         hold that sweep's rows), with mtime and size, sorted by path; nothing else under the root is read."""
+        return self.listings(cluster, sweep, packs)[0]
+
+    def listings(
+        self, cluster: str | None = None, sweep: str | None = None, packs: bool = True
+    ) -> tuple[list[FileStat], list[FileStat]]:
+        """`listing()`'s row files, and the profiles (`cluster=<c>/_profile-<key>.parquet`), from one walk."""
         base = self.root if cluster is None else f"{self.root}/cluster={require_label('cluster', cluster)}"
         if sweep is not None:
             require_label("sweep", sweep)
-        keep = []
+        keep, profiles = [], []
         for stat in self._walk(base):
             parts = stat.path[len(self.root) + 1 :].split("/")  # cluster=<c>/sweep=<s>/<name> or cluster=<c>/<pack>
             if not parts[0].startswith("cluster="):
@@ -229,11 +235,13 @@ class Store:
             if len(parts) == 2 and parts[1] == COMPACTED:
                 if packs:
                     keep.append(stat)
+            elif len(parts) == 2 and parts[1].startswith("_profile-") and parts[1].endswith(".parquet"):
+                profiles.append(stat)
             elif (
                 len(parts) == 3 and parts[1].startswith("sweep=") and _row_file(parts[2]) and _in_sweep(parts[1], sweep)
             ):
                 keep.append(stat)
-        return sorted(keep, key=lambda f: f.path)
+        return sorted(keep, key=lambda f: f.path), sorted(profiles, key=lambda f: f.path)
 
     def _walk(self, base: str) -> list[FileStat]:
         """Every regular file under `base`. On a local root symbolic links are never followed (a link to

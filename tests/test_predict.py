@@ -190,3 +190,30 @@ def test_the_newest_calibration_is_the_one_measured_last_whatever_its_name(tmp_p
     calibrate(root, alpha_ms=1.0, sweep="aa-newer", when=now)
     t = predicted.newest_costs(load_calibration(root, "lab"))[("lab", 2, 1)]
     assert t(0) == pytest.approx(1.0, rel=0.05)  # alpha of aa-newer: sweep ids begin with a spec's name
+
+
+def test_the_server_sees_a_profile_stored_after_it_started_without_new_rows(tmp_path):
+    """`ddpsweep predict` stores a profile and writes no rows: the server's views, query children and pages pick
+    it up on their next listing, not only when a sweep next writes rows."""
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from service.api import ServiceSettings, create_app
+
+    root = str(tmp_path / "r")
+    measured(root)
+    stored = {path: path.read_bytes() for path in (tmp_path / "r").rglob("_profile-*.parquet")}
+    assert len(stored) == 1
+    for path in stored:
+        path.unlink()
+    client = TestClient(create_app(ServiceSettings(address=None, results=root, token="t")))
+    sql = {"sql": "select count(*) as n from predicted"}
+    auth = {"Authorization": "Bearer t"}
+    assert client.post("/query", json=sql, headers=auth).json() == [{"n": 0}]
+    assert "Predicted beside measured" not in client.get("/ui/sweep/lab/m-1").text
+    for path, data in stored.items():
+        path.write_bytes(data)
+    time.sleep(1.2)  # the server lists the store at most once a second
+    assert client.post("/query", json=sql, headers=auth).json() == [{"n": 9}]
+    assert "Predicted beside measured" in client.get("/ui/sweep/lab/m-1").text
