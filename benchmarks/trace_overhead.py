@@ -19,7 +19,8 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from trainers.config import StepConfig  # noqa: E402
-from trainers.step import build_model, release, run_cell  # noqa: E402
+from trainers.replica import build_model  # noqa: E402
+from trainers.step import release, run_cell  # noqa: E402
 
 
 def main() -> None:

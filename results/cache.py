@@ -43,7 +43,7 @@ class CachedStore:
         self._rows = RowCache(self.store.fs, max_rows)
         self._calibration: pd.DataFrame | None = None
         self._profiles: pa.Table | None = None
-        self._profile_files: list = []  # the profiles' (path, mtime, size) as last listed
+        self._profile_files: tuple = ()  # the profiles' files (path, mtime, size) as last listed
         self._listed_at = float("-inf")
         self._lock = threading.Lock()
         self._manifests: dict[tuple[str, str], dict | None] = {}
@@ -83,9 +83,9 @@ class CachedStore:
         snapshot = self._rows.refresh(row_files)
         with self._lock:
             if snapshot is not before:  # new rows: the calibration files are written with them, re-read when needed
-                self._calibration = self._profiles = None
-            if profile_files != self._profile_files:  # `ddpsweep predict` profiles without writing rows
-                self._profile_files, self._profiles = profile_files, None
+                self._calibration = None
+            if tuple(profile_files) != self._profile_files:  # `ddpsweep predict` writes profiles, no rows
+                self._profile_files, self._profiles = tuple(profile_files), None
         return snapshot
 
     def memo(self, key: tuple, compute: Callable[[], T]) -> T:
@@ -93,7 +93,7 @@ class CachedStore:
         a group's rows, and its profiles): while it runs, requests for the same key wait for its result; later
         ones reuse it until the store changes (a report renders in seconds; a burst of identical requests
         renders it once)."""
-        version = (self.table(), self.profiles())
+        version = (self.table(), self._profile_files)
         with self._memo_locks[hash(key) % MEMO_LOCKS]:
             hit = self._memo.get(key)
             if hit is not None and _same(hit[0], version):
@@ -172,5 +172,6 @@ def _too_many(rows: int, limit: int, cluster: str | None, sweep: str | None) -> 
 
 
 def _same(a: tuple, b: tuple) -> bool:
-    """Two versions of the store are the same objects (snapshots are replaced, never changed in place)."""
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+    """Two versions of the store are the same: the same objects (snapshots and tables are replaced, never changed in
+    place), or equal listings (tuples of files)."""
+    return len(a) == len(b) and all(x is y or (isinstance(x, tuple) and x == y) for x, y in zip(a, b, strict=True))

@@ -32,8 +32,9 @@ from sweeps.ranks import Layout, announce, wait_for
 from trainers.collectives import allreduce_sweep, broadcast_time, sizes_up_to
 from trainers.gradcheck import world_check_group
 from trainers.model import grad_bytes
+from trainers.replica import build_model
 from trainers.stats import median_rel_half_width
-from trainers.step import Extras, build_model, release, run_cell
+from trainers.step import Extras, release, run_cell
 
 
 def _placement() -> list[dict]:

@@ -13,7 +13,8 @@ from tests.dist_helpers import run_world
 from tests.test_trainer_dist import BASE, CPU, RECSYS, assert_same, full_batch_grads, grads_after_backward
 from trainers.config import StepConfig
 from trainers.errors import ConfigError
-from trainers.step import ddp_kwargs, forward_backward, run_cell, setup_replica
+from trainers.replica import ddp_kwargs, forward_backward, setup_replica
+from trainers.step import run_cell
 
 
 def grads_at_step(rank: int, cfg: StepConfig, backwards: int) -> dict[str, torch.Tensor]:

@@ -16,7 +16,7 @@ from sweeps.specfile import parse_spec
 from tests.dist_helpers import run_world
 from tests.test_identity import base
 from tests.test_trainer_dist import BASE, CPU
-from trainers import step
+from trainers import replica, step
 from trainers.config import StepConfig
 from trainers.errors import StepError
 
@@ -43,7 +43,7 @@ def measured_or_error(rank: int, cfgs: list[StepConfig]) -> list:
         except Exception as e:  # noqa: BLE001 — the worker turns it into an error row the same way
             out.append(f"{type(e).__name__}: {e}")
         step.release(CPU)
-    params = len(list(step.build_model(cfgs[0], CPU).model.parameters()))
+    params = len(list(replica.build_model(cfgs[0], CPU).model.parameters()))
     return out, params
 
 
@@ -81,13 +81,13 @@ def skipping_sync(rank: int, cfg: StepConfig) -> str:
     def never_synced(rep):
         return rep.module.no_sync()
 
-    real, step.micro_step_context = step.micro_step_context, never_synced
+    real, replica.micro_step_context = replica.micro_step_context, never_synced
     try:
         step.run_cell(cfg, CPU, 1)
     except StepError as e:
         return str(e)
     finally:
-        step.micro_step_context = real  # the world's processes serve later tests
+        replica.micro_step_context = real  # the world's processes serve later tests
     return "measured"
 
 

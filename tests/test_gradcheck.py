@@ -20,7 +20,8 @@ from tests.test_identity import base
 from tests.test_racing import planner_for, round_rows, spec
 from tests.test_trainer_dist import BASE, CPU, RECSYS
 from trainers import gradcheck
-from trainers.step import Extras, autocast, check_batches, run_cell, setup_replica
+from trainers.replica import autocast, setup_replica
+from trainers.step import Extras, check_batches, run_cell
 
 
 def fp32_ddp_sum(terms: np.ndarray, rng: np.random.Generator, no_sync: bool) -> np.ndarray:

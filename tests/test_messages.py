@@ -15,7 +15,8 @@ import torch
 
 from sweeps import fingerprint
 from trainers.config import StepConfig
-from trainers.step import build_model, run_cell
+from trainers.replica import build_model
+from trainers.step import run_cell
 
 
 def test_a_done_message_unpickles_without_torch():

@@ -8,7 +8,7 @@ import dataclasses
 from results import overlap
 from tests.dist_helpers import run_world
 from tests.test_trainer_dist import BASE, CPU, RECSYS
-from trainers import step
+from trainers import replica
 from trainers.profile import profile_micro_step
 
 CAPS = [0.05, 0.25, 1.0, 5.0, 25.0]
@@ -26,11 +26,11 @@ def layouts(rank: int) -> dict:
         prof = profile_micro_step(cfg, CPU, repeats=2, warmup=1)
         per_cap = {}
         for cap in CAPS:
-            rep = step.setup_replica(dataclasses.replace(cfg, bucket_cap_mb=cap), CPU)
+            rep = replica.setup_replica(dataclasses.replace(cfg, bucket_cap_mb=cap), CPU)
             for _ in range(11):  # DDP rebuilds its buckets in gradient-ready order after its first step; its
-                step.train_step(rep)  # logging data (what rows record) has the rebuilt layout by the 10th
+                replica.train_step(rep)  # logging data (what rows record) has the rebuilt layout by the 10th
             model = overlap.layout_for(overlap.Profile.from_dict(prof), cap)
-            per_cap[cap] = ([sum(prof["nbytes"][i] for i in b) for b in model], step.bucket_sizes(rep.module))
+            per_cap[cap] = ([sum(prof["nbytes"][i] for i in b) for b in model], replica.bucket_sizes(rep.module))
         out[name] = (prof, per_cap)
     return out
 

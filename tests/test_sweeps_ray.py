@@ -78,6 +78,10 @@ def test_group_measures_every_pair_in_rounds_and_a_failing_cell_is_its_own_error
     plan = plan_sweep(spec, results=str(tmp_path))
     assert [len(g.slots) for g in plan.groups()] == [6]  # the baseline and the DDP cells x 2 rounds, one group
     first = execute(plan)
+    from ray.util.state import list_actors
+
+    started = {a.class_name for a in list_actors(limit=10_000)}
+    assert "TrainController" in started and "PreemptionWatcher" not in started  # sweeps.fit.TRAIN_ENV turns it off
     assert sorted((r["cell_id"], r["repeat"]) for r in first.rows) == sorted(
         (c.cell_id, r) for c in (baseline, good, bad) for r in (0, 1)
     )

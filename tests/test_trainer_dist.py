@@ -10,15 +10,15 @@ import torch
 
 from tests.dist_helpers import run_world
 from trainers.config import StepConfig
-from trainers.step import (
+from trainers.replica import (
     build_model,
     forward_backward,
     make_batches,
     replicas_in_sync,
-    run_cell,
     setup_replica,
     train_step,
 )
+from trainers.step import run_cell
 
 CPU = torch.device("cpu")
 BASE = StepConfig(model="tiny", micro_batch=4, seq_len=32, warmup_steps=1, timed_steps=3)
@@ -173,6 +173,7 @@ def test_torchrun_entry_point_prints_one_row_from_rank_0():
 
 def packed_cells(rank: int, cfgs: list[StepConfig]):
     """Many cells one after another in one process group, each from the same template's weights."""
+    import trainers.replica as replica
     import trainers.step as step
 
     template = build_model(cfgs[0], CPU)
@@ -181,7 +182,7 @@ def packed_cells(rank: int, cfgs: list[StepConfig]):
         m = run_cell(cfg, CPU, num_threads=1, template=template)
         step.release(CPU)
         rep = setup_replica(cfg, CPU, template)  # the same start as a fresh seeded build
-        out.append((m, step.params_checksum(rep.model) == step.params_checksum(build_model(cfg, CPU).model)))
+        out.append((m, replica.params_checksum(rep.model) == replica.params_checksum(build_model(cfg, CPU).model)))
     return out
 
 

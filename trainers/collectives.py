@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainers.errors import DDPSweepError
-from trainers.step import gather_max
+from trainers.replica import gather_max
 from trainers.timing import time_steps
 
 AllReduce = Callable[[torch.Tensor], None]

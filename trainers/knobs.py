@@ -8,7 +8,7 @@ row schema and what older rows read (`results.schema`), and every view's notion 
 (`results.identity`: the analyses, compare, recommend, racing, scaling, the summary and the dashboard).
 
 Adding a knob: one entry in knobs.json, and the code that applies it (a DDP keyword needs none:
-`trainers.step.ddp_kwargs` passes every knob that names one; a rule for `applies` goes in APPLIES).
+`trainers.replica.ddp_kwargs` passes every knob that names one; a rule for `applies` goes in APPLIES).
 """
 
 from __future__ import annotations

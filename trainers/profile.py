@@ -15,7 +15,7 @@ import torch
 
 from trainers import workload
 from trainers.config import StepConfig
-from trainers.step import autocast
+from trainers.replica import autocast
 
 REPEATS = 10
 WARMUP = 3
