@@ -82,20 +82,12 @@ class Knob:
     off: Any = UNSET
     """Its value where it does not apply (UNSET: its default)."""
     arrow: str = ""
-    """The row column's Arrow type: string, int32, int64, float64 or bool (derived from `kind` when empty)."""
+    """The row column's Arrow type: string, int32, int64, float64 or bool (derived from `kind` when empty; the
+    row schema reads it, results.knobs.Knob.column_type)."""
 
     @property
     def value_off(self) -> Any:
         return self.default if self.off is UNSET else self.off
-
-    @property
-    def column_type(self) -> str:
-        return self.arrow or {"bool": "bool", "int": "int32", "float": "float64"}.get(self.kind, "string")
-
-    @property
-    def chosen(self) -> bool:
-        """A setting a user picks in their own training script: recommend chooses among its measured values."""
-        return self.pytorch_default is not UNSET
 
 
 def _ddp(cfg: Any) -> bool:
