@@ -50,7 +50,7 @@ class CachedStore:
         self._ipc_dir = tempfile.mkdtemp(prefix="ddpsweep-cache-")
         self._ipc: tuple[tuple, tuple[str, ...]] | None = None  # ((rows, calibration, profiles), paths)
         self._ipc_lock = threading.Lock()
-        self._memo: dict[tuple, tuple[object, object, float]] = {}  # key -> (rows snapshot, value, seconds)
+        self._memo: dict[tuple, tuple[object, object, float]] = {}  # key -> ((rows, profile files), value, s)
         self._memo_locks = [threading.Lock() for _ in range(MEMO_LOCKS)]  # by key hash: bounded, whatever is asked
         self._memo_lock = threading.Lock()
         weakref.finalize(self, shutil.rmtree, self._ipc_dir, True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -69,20 +69,7 @@ def table_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "knobs.json"
 
 
-_READ = {
-    "name",
-    "kind",
-    "default",
-    "scope",
-    "lo",
-    "hi",
-    "older_rows",
-    "pytorch_default",
-    "ddp_kwarg",
-    "applies",
-    "off",
-    "arrow",
-}
+_READ = {f.name for f in fields(Knob)}  # of each entry, what results keeps
 KNOBS: tuple[Knob, ...] = tuple(
     Knob(**{k: v for k, v in entry.items() if k in _READ})
     for entry in json.loads(table_path().read_text(encoding="utf-8"))["knobs"]
