@@ -42,9 +42,13 @@ def stderr_tail(node_ip: str, pid: int, lines: int = 200) -> list[str]:
     """The last `lines` lines of a worker process's stderr through Ray's state API ([] where it cannot be read:
     no dashboard, the node gone)."""
     try:
+        import ray
         from ray.util.state import get_log
 
-        text = "".join(get_log(node_ip=node_ip, pid=pid, suffix="err", tail=lines, timeout=10))
+        # this session's cluster by name: without it Ray looks for one on this machine and refuses when a second
+        # runs here (a `ray start` cluster beside the embedded one)
+        address = ray.get_runtime_context().gcs_address
+        text = "".join(get_log(address=address, node_ip=node_ip, pid=pid, suffix="err", tail=lines, timeout=10))
     except Exception:  # noqa: BLE001 — the explanation is a help; Ray's own message stands without it
         return []
     return text.splitlines()

@@ -27,7 +27,8 @@ from sweeps.options import PLANTED_ENVS, TrialOptions
 from sweeps.plan import SweepPlan, claimed
 from sweeps.rows import build_row, now
 from sweeps.session import ray_session
-from sweeps.spec import BF16_ON_CPU, SpecError, SweepSpec
+from sweeps.spec import SpecError, SweepSpec
+from sweeps.speccheck import BF16_ON_CPU
 from sweeps.trial import row_context, trial_fn
 
 ProgressFn = Callable[[dict], None]

@@ -11,8 +11,8 @@ import pytest
 
 from results import recommend
 from sweeps.grid import expand
-from sweeps.spec import cells_planned
 from sweeps.specfile import parse_spec
+from sweeps.specrules import cells_planned
 from tests.dist_helpers import run_world
 from tests.test_identity import base
 from tests.test_trainer_dist import BASE, CPU

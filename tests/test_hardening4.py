@@ -206,6 +206,7 @@ def test_serve_refuses_a_workload_dir_that_leaks(tmp_path):
 # 7. a hung cluster stalls no request
 
 
+@pytest.mark.timing
 def test_a_hung_cluster_stalls_no_request(tmp_path, live_server):
     """A job server that accepts and never answers: 45 token-free dashboard polls and a POST in flight, and
     /cells and /openapi.json still answer at once (before: 14.4 s and 15.3 s)."""
@@ -249,7 +250,7 @@ def test_a_hung_cluster_stalls_no_request(tmp_path, live_server):
 
 def test_the_measurement_cap_counts_the_cells_the_grid_expands_to():
     from sweeps.grid import expand
-    from sweeps.spec import cells_planned
+    from sweeps.specrules import cells_planned
 
     hooks = "comm_hook: [none, fp16, powersgd]\npowersgd_rank: [1, 2, 3, 4, 5, 6, 8, 12, 16, 24]\n"
     spec = parse_spec(f"name: x\nworkers: [2]\ngas: [1, 4]\nno_sync: [false, true]\nrepeats: 100\n{hooks}")

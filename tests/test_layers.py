@@ -79,9 +79,19 @@ def test_results_reaches_trainers_only_for_the_knob_table():
 
 def package_imports(tree: ast.AST, package: str) -> set[str]:
     """The modules of `package` a module imports, lazy ones included: `from package.x import y` and
-    `from package import x` (x a module) alike."""
+    `from package import x` (x a module) alike. Not those under `if TYPE_CHECKING:` (names for annotations: they
+    never run, so they can make no cycle at import or at call time)."""
     out = set()
+    typing_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and ast.unparse(block.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        for stmt in block.body
+        for n in ast.walk(stmt)
+    }
     for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if not isinstance(node, ast.ImportFrom) or not node.module or node.level:
             continue
         if node.module.startswith(f"{package}."):
@@ -94,6 +104,8 @@ def package_imports(tree: ast.AST, package: str) -> set[str]:
 def test_the_cycle_guard_sees_package_imports(tmp_path):
     tree = ast.parse("from results import query as q\nfrom results.store import Store\nfrom results import nothing\n")
     assert package_imports(tree, "results") == {"results.query", "results.store"}
+    lazy = "if TYPE_CHECKING:\n    from results.cache import C\ndef f():\n    from results.plots import p\n"
+    assert package_imports(ast.parse(lazy), "results") == {"results.plots"}  # a lazy import counts, a typing one not
 
 
 def test_no_import_cycles_inside_a_package():

@@ -90,7 +90,7 @@ def test_two_rounds_say_how_many_to_run_instead_of_a_degenerate_interval(tmp_pat
 
 
 def test_the_snippet_gives_device_ids_on_cuda_only_and_quotes_values():
-    from results.recommend import snippet
+    from results.paste import snippet
 
     cfg = recommend_defaults() | {"bucket_cap_mb": 5.0, "gradient_as_bucket_view": True}
     assert "device_ids=[local_rank]" in snippet(cfg, 1, {}, cuda=True)

@@ -80,7 +80,7 @@ def test_group_measures_every_pair_in_rounds_and_a_failing_cell_is_its_own_error
     first = execute(plan)
     from ray.util.state import list_actors
 
-    started = {a.class_name for a in list_actors(limit=10_000)}
+    started = {a.class_name for a in list_actors(address=ray.get_runtime_context().gcs_address, limit=10_000)}
     assert "TrainController" in started and "PreemptionWatcher" not in started  # sweeps.fit.TRAIN_ENV turns it off
     assert sorted((r["cell_id"], r["repeat"]) for r in first.rows) == sorted(
         (c.cell_id, r) for c in (baseline, good, bad) for r in (0, 1)
@@ -352,3 +352,27 @@ def test_with_a_cluster_the_profile_runs_there_as_a_task(fault_file, tmp_path, m
     assert out.output.startswith("profiles run on the cluster (cpu): 1")
     assert out.output.count("<- predicted best of its curve") == 1
     assert len(Store.open(root).read_profiles()) == 1
+
+
+def test_a_workers_stderr_is_read_from_this_sessions_cluster_when_another_runs_here(fault_file, monkeypatch):
+    """deaths.stderr_tail names its session's cluster: Ray's own lookup of "the" cluster on this machine refuses
+    when a second one runs here (a `ray start` head beside the embedded one), and a dead worker's explanation was
+    lost."""
+    import sys
+
+    from ray._private import services
+
+    from sweeps import deaths
+
+    @ray.remote(num_cpus=0)
+    class Loud:
+        def say(self) -> tuple[str, int]:
+            print("a line on stderr", file=sys.stderr, flush=True)
+            return ray.util.get_node_ip_address(), os.getpid()
+
+    node_ip, pid = ray.get(Loud.remote().say.remote())
+    monkeypatch.setattr(services, "find_gcs_addresses", lambda: ["10.0.0.1:6379", "10.0.0.2:6379"])  # two here
+    deadline = time.monotonic() + 60  # the state API answers within its 10 s only on an idle machine
+    while not (tail := deaths.stderr_tail(node_ip, pid)) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert "a line on stderr" in tail
