@@ -33,6 +33,7 @@ from results import query as query_mod
 from results import recommend as recommend_mod
 from results.cache import ANALYSIS_MAX_ROWS, DOWNLOAD_MAX_ROWS, STORE_MAX_ROWS, CachedStore
 from results.errors import StoreNotFound
+from results.formats import to_csv
 from results.report import render_html
 from results.store import require_label
 from results.views import VIEWS
@@ -176,7 +177,7 @@ class QueryBody(BaseModel):
 
 def _frame_response(df: pd.DataFrame, fmt: str) -> Response:
     if fmt == "csv":
-        return PlainTextResponse(query_mod.to_csv(df), media_type="text/csv")
+        return PlainTextResponse(to_csv(df), media_type="text/csv")
     if fmt == "parquet":
         buf = io.BytesIO()
         df.to_parquet(buf, index=False)
@@ -213,13 +214,13 @@ def _chunks(table: pa.Table, fmt: str) -> Iterator[str]:
         for batch in table.to_batches(max_chunksize=DOWNLOAD_BATCH):
             frame = batch.to_pandas()
             if fmt == "csv":
-                text = query_mod.to_csv(frame)
+                text = to_csv(frame)
                 yield text.split("\n", 1)[1] if wrote else text
             elif len(frame):
                 yield ("," if wrote else "") + frame.to_json(orient="records", date_format="iso")[1:-1]
             wrote = wrote or len(frame) > 0
         if fmt == "csv" and not wrote:
-            yield query_mod.to_csv(table.slice(0, 0).to_pandas())
+            yield to_csv(table.slice(0, 0).to_pandas())
         yield "" if fmt == "csv" else "]"
     finally:
         DOWNLOADS.release()

@@ -14,7 +14,7 @@ from service.cli_common import DEFAULT_RESULTS, ResultsOpt, echo, fail
 from service.errors import KNOWN_ERRORS
 from trainers.errors import ConfigError
 
-TableFormat = Literal["table", "csv", "json"]  # = results.query.FORMATS (not imported: it loads the engine)
+TableFormat = Literal["table", "csv", "json"]  # = results.formats.FORMATS (a Literal needs the values written out)
 
 
 def query(
@@ -25,7 +25,8 @@ def query(
 ) -> None:
     """The answer to one SQL SELECT over the results (DuckDB, read-only, sandboxed; at most 100000 rows)."""
     from results import isolation
-    from results.query import query_table, render_table
+    from results.formats import render_table
+    from results.query import query_table
 
     def expired() -> None:  # an interrupt DuckDB did not honour, or views that ran past the limit
         echo(f"error: query exceeded the time limit of {timeout:g} s", err=True)
@@ -83,7 +84,7 @@ def compare(
     import pandas as pd
 
     from results.compare import compare as compare_clusters
-    from results.query import render
+    from results.formats import render
     from results.store import load
 
     try:
@@ -129,7 +130,7 @@ def scaling(
     import pandas as pd
 
     from results import identity
-    from results.query import render
+    from results.formats import render
     from results.scaling import SERIES as scaling_series
     from results.scaling import scaling as scaling_table
     from results.store import load, load_calibration

@@ -131,7 +131,7 @@ def schema_reference() -> str:
 
 
 def sql_reference() -> str:
-    from results.query import FORMATS
+    from results.formats import FORMATS
     from results.views import VIEWS
 
     rows = [f"| `{name}` | {_cell(doc)} |" for name, doc in VIEWS.items()]

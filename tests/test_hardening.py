@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from results.query import query, to_csv
+from results.formats import to_csv
+from results.query import query
 from results.store import Store, load
 from service.cli import app
 from sweeps.plan import plan_sweep

@@ -86,7 +86,8 @@ def test_a_memory_bomb_in_the_cli_is_one_line_with_bounded_memory(seed_store):
 
 
 def test_csv_headers_from_sql_aliases_are_neutralized(seed_store):
-    from results.query import query, to_csv
+    from results.formats import to_csv
+    from results.query import query
 
     csv = to_csv(query(seed_store, 'select 1 as "=HYPERLINK(1)", 2 as ok'))
     assert csv.splitlines()[0] == "'=HYPERLINK(1),ok"
