@@ -35,10 +35,8 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) \
 	  >/dev/null 2>&1; } || echo "chromium not installed: the browser tests will skip"
 
-# Two lanes (tests/conftest.py): the tests that start Ray or take long in one, the rest beside them at a lower
-# priority. `python -m pytest -q` alone runs the same tests in one lane.
 test: $(STAMP) browser
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
 
 # The GPU path in one command (benchmarks/gpu_check.sh): on a machine without CUDA it says so and exits 0.
 # Needs no set-up (a GPU machine may reach no registry): Ray and the rest come from the device bundle.
