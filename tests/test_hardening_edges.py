@@ -236,7 +236,6 @@ def test_resume_paths_and_corrupt_manifests_are_clear_errors(seed_store):
         plan_sweep(spec, results=seed_store, resume="broken")
 
 
-@pytest.mark.timing
 def test_an_unreachable_s3_root_is_one_error_in_seconds():
     start = time.monotonic()
     with pytest.raises(StoreNotFound, match="cannot list it"):
@@ -244,7 +243,6 @@ def test_an_unreachable_s3_root_is_one_error_in_seconds():
     assert time.monotonic() - start < 20  # pyarrow's default retries took minutes against a dead endpoint
 
 
-@pytest.mark.timing
 def test_jobs_calls_time_out_against_a_server_that_never_answers(monkeypatch):
     monkeypatch.setattr(jobs, "READ_TIMEOUT_S", 1.0)
     listener = socket.socket()
@@ -368,7 +366,6 @@ def test_a_dry_run_of_the_scaling_spec_never_touches_its_store():
     assert "measurements in" in proc.stdout and "error" not in proc.stderr.lower()
 
 
-@pytest.mark.timing
 def test_ending_leftover_processes_counts_zombies_as_gone_and_kills_what_ignores_sigterm():
     """After Ray's shutdown its dashboard processes exit on SIGTERM at once but stay zombies until their parent
     reaps them: end_processes must not wait its grace out for them (psutil.wait_procs did); one that ignores

@@ -41,7 +41,6 @@ def client(seed_store, monkeypatch):
     return TestClient(create_app(ServiceSettings(address=None, results=seed_store, token="t")))
 
 
-@pytest.mark.timing
 @pytest.mark.parametrize("sql", BOMBS)
 def test_memory_bombs_over_http_are_refused_and_the_server_answers_next(client, sql):
     started = time.monotonic()
@@ -153,14 +152,12 @@ def test_the_cli_query_gives_its_memory_cap_back(seed_store):
 TRICKLE = "select range as r from range(100000000000) where range < 30000 or range % 500000000 = 0"
 
 
-@pytest.mark.timing
 def test_the_deadline_mid_stream_is_the_time_limit_error_in_the_cli(seed_store):
     run = cli_query(TRICKLE, "--results", seed_store, "--timeout", "3")
     assert run.returncode == 2, run.stderr[-2000:]
     assert run.stderr.strip() == "error: query exceeded the time limit of 3 s", run.stderr[-2000:]
 
 
-@pytest.mark.timing
 def test_the_deadline_mid_stream_is_a_400_and_the_server_answers_next(client, monkeypatch):
     monkeypatch.setattr("results.query.QUERY_TIMEOUT_S", 3.0)
     late = client.post("/query", json={"sql": TRICKLE}, headers=AUTH)

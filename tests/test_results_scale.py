@@ -225,7 +225,6 @@ def test_query_limits_are_clear_errors_through_the_cli(seed_store):
     assert slow.returncode == 2 and "time limit" in slow.stderr
 
 
-@pytest.mark.timing
 def test_query_limits_are_clear_errors_over_http(seed_store, monkeypatch):
     monkeypatch.setattr("results.query.QUERY_TIMEOUT_S", 2.0)
     client = TestClient(create_app(ServiceSettings(address=None, results=seed_store, token="t")))

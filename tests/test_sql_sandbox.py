@@ -126,7 +126,6 @@ def test_huge_result_is_refused(sandbox_dirs):
     assert len(query(str(store), "select * from range(1000)", max_rows=1000)) == 1000
 
 
-@pytest.mark.timing
 def test_http_query_refuses_the_escape_and_stays_responsive(sandbox_dirs, monkeypatch):
     store, cwd = sandbox_dirs
     monkeypatch.setattr("results.query.QUERY_TIMEOUT_S", 3.0)
