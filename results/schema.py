@@ -64,6 +64,8 @@ PLACEMENT = [
     pa.field("target_rel", pa.float64()),  # repeats: auto — the difference its rounds aimed to resolve
     pa.field("injected_slowdown", pa.float64()),  # benchmarks only (DDPSWEEP_SLOWDOWN): planted fraction
     pa.field("injected_corruption", pa.float64()),  # benchmarks only (DDPSWEEP_CORRUPT): buckets scaled by 1 + it
+    pa.field("grad_check_when", pa.string()),  # first (a configuration's first measurement) | every
+    pa.field("injected_jitter", pa.float64()),  # benchmarks only (DDPSWEEP_JITTER): relative noise in backward
 ]
 
 # What the worker measured: exactly trainers.config.Measurement's fields, plus the trial's wall time.
@@ -97,10 +99,11 @@ MEASUREMENT = [
     pa.field("replicas_in_sync", pa.bool_()),  # every rank's parameters bit-identical after the timed steps
     pa.field("timing_used", pa.string()),  # how they were timed (events falls back to sync on CPU)
     pa.field("timing_note", pa.string()),  # why timing_used differs from timing, or what a loop row lacks
-    pa.field("grad_check", pa.string()),  # exact | approximate | failed | off; null: single mode, or older rows
+    pa.field("grad_check", pa.string()),  # exact | approximate | failed | indeterminate | off; null: not checked
     pa.field("grad_rel_error", pa.float64()),  # DDP's gradient vs the fp64 reference: relative L2 error
     pa.field("grad_tol", pa.float64()),  # the relative error fp32 reduction order explains (trainers.gradcheck)
     pa.field("grad_check_ms", pa.float64()),  # the check's cost, after the timed steps
+    pa.field("grad_check_note", pa.string()),  # indeterminate: why the local gradients could not be captured
     pa.field("compile_s", pa.float64()),  # compiled cells: the warm-up steps that compiled (first and recompiles), s
     pa.field("compiled_graphs", pa.int32()),  # compiled cells: graphs the backend compiled (ddp_optimizer: splits)
     pa.field("recompiles_timed", pa.int32()),  # compiled cells: frames compiled inside the timed steps (must be 0)

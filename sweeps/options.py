@@ -14,7 +14,10 @@ SLOWDOWN_ENV = "DDPSWEEP_SLOWDOWN"
 # Benchmarks only: "<cell_id>=<fraction>,…" scales those cells' all-reduced buckets by 1 + fraction on every rank
 # (trainers.hooks.corrupted): a wrong gradient with replicas in sync, which only the gradient check catches.
 CORRUPT_ENV = "DDPSWEEP_CORRUPT"
-PLANTED_ENVS = (SLOWDOWN_ENV, CORRUPT_ENV)
+# Benchmarks only: "<cell_id>=<size>,…" adds relative noise of that size to every backward of those cells, a new
+# draw on every call and rank (trainers.jitter): GPU kernels' nondeterminism, emulated on CPU.
+JITTER_ENV = "DDPSWEEP_JITTER"
+PLANTED_ENVS = (SLOWDOWN_ENV, CORRUPT_ENV, JITTER_ENV)  # each takes "*=<fraction>" for every cell
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,7 +37,7 @@ class TrialOptions:
     env: dict
     storage_path: str
     sole_trial: bool  # max_concurrent_trials == 1: no other trial makes worker groups meanwhile (sweeps.leftover)
-    grad_check: bool = True  # every distributed cell checks its gradient after its timed steps (trainers.gradcheck)
+    grad_check: str | bool = "first"  # when a distributed cell checks its gradient: first | every; False: never
 
 
 def worker_resources(opts: TrialOptions) -> dict[str, float]:

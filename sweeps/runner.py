@@ -125,13 +125,13 @@ def resolve_options(plan: SweepPlan, res: preflight.ClusterResources, storage_pa
         env={k: str(v) for k, v in spec.env.items()} | planted(),
         storage_path=storage_path,
         sole_trial=spec.max_concurrent_trials == 1,
-        grad_check=spec.grad_check,
+        grad_check={True: "first", False: False}.get(spec.grad_check, spec.grad_check),
     )
 
 
 def planted() -> dict[str, str]:
-    """The driver's DDPSWEEP_SLOWDOWN and DDPSWEEP_CORRUPT, passed on to the workers (rows record them as
-    `injected_slowdown` and `injected_corruption`)."""
+    """The driver's planted variables (sweeps.options.PLANTED_ENVS), passed on to the workers (rows record them as
+    `injected_slowdown`, `injected_corruption` and `injected_jitter`)."""
     return {name: os.environ[name] for name in PLANTED_ENVS if os.environ.get(name)}
 
 

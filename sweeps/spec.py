@@ -116,10 +116,12 @@ class SweepSpec(_SpecKnobs):
     """`search: race` / `repeats: auto`: rounds before the first decision."""
     tolerance: float = 0.02
     """`search: race`: a cell is dropped only when shown slower than the leader by more than this fraction."""
-    grad_check: bool = True
-    """After each distributed cell's timed steps, check the gradient its DDP configuration produces against an
-    fp64 reference (rows: `grad_check` exact | approximate | failed, `grad_rel_error`, `grad_tol`); a failed
-    configuration is shown and left out of every answer. `false`: rows read `off`."""
+    grad_check: bool | str = True
+    """After a distributed cell's timed steps, one untimed check step as the cell runs it: each rank's local
+    gradients, captured inside that backward before DDP's reducer sees them, summed in fp64, against the
+    gradient DDP produced (rows: `grad_check` exact | approximate | failed | indeterminate, `grad_rel_error`,
+    `grad_tol`); a failed configuration is shown and left out of every answer. `true`: each configuration's first
+    measurement in its worker group; `every`: every measurement; `false`: none (rows read `off`)."""
     calibrate: bool = False
     """Start every multi-rank worker group with an all-reduce sweep over message sizes on its own ranks
     (and a parameter broadcast); rows go to the `calibration` table."""

@@ -141,7 +141,8 @@ def validate(spec: SweepSpec) -> None:
     check_choice("placement", spec.placement, PLACEMENTS)
     check_choice("isolation", spec.isolation, ISOLATIONS)
     check_scalar("calibrate", spec.calibrate, "bool")
-    check_scalar("grad_check", spec.grad_check, "bool")
+    if not (isinstance(spec.grad_check, bool) or spec.grad_check == "every"):
+        raise fail("grad_check", spec.grad_check, "true (each configuration's first measurement), every or false")
     if spec.use_gpu != "auto" and not isinstance(spec.use_gpu, bool):
         raise fail("use_gpu", spec.use_gpu, "auto, true or false")
     if spec.workload is None and spec.seq_len > PRESETS[spec.model].block_size:

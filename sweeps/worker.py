@@ -15,7 +15,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 import psutil
@@ -27,10 +27,10 @@ import torch.distributed as dist
 
 from sweeps import fingerprint
 from sweeps.grid import Group, Slot
-from sweeps.options import CORRUPT_ENV, SLOWDOWN_ENV
+from sweeps.options import CORRUPT_ENV, JITTER_ENV, SLOWDOWN_ENV
 from sweeps.ranks import Layout, announce, wait_for
 from trainers.collectives import allreduce_sweep, broadcast_time, sizes_up_to
-from trainers.gradcheck import world_check_group
+from trainers.gradcheck import EVERY, FIRST, world_check_group
 from trainers.model import grad_bytes
 from trainers.replica import build_model
 from trainers.stats import median_rel_half_width
@@ -94,10 +94,11 @@ def _agreed_error(mine: str | None, group: dist.ProcessGroup | None = None) -> s
 
 
 def injected(name: str, cell_id: str) -> float:
-    """This cell's planted fraction from the variable `name` (SLOWDOWN_ENV or CORRUPT_ENV, passed on by the
-    driver: sweeps.runner.planted)."""
-    entries = (e.split("=", 1) for e in os.environ.get(name, "").split(",") if "=" in e)
-    return next((float(f) for c, f in entries if c.strip() == cell_id), 0.0)
+    """This cell's planted fraction from the variable `name` (one of PLANTED_ENVS, passed on by the driver:
+    sweeps.runner.planted); an entry `*=<fraction>` plants it in every cell (a cell's own entry wins)."""
+    entries = dict(e.split("=", 1) for e in os.environ.get(name, "").split(",") if "=" in e)
+    entries = {c.strip(): f for c, f in entries.items()}
+    return float(entries.get(cell_id, entries.get("*", 0.0)))
 
 
 def _measure(
@@ -107,7 +108,8 @@ def _measure(
     ranks). An exception becomes this rank's error; the group's ranks then agree on the outcome."""
     cell_id, device = slot.cell.cell_id, w.device
     slowdown, corruption = injected(SLOWDOWN_ENV, cell_id), injected(CORRUPT_ENV, cell_id)
-    extras = Extras(w.grad_check, check_group, slowdown, corruption)
+    jitter = injected(JITTER_ENV, cell_id)
+    extras = Extras(_checks_now(w, cell_id), check_group, slowdown, corruption, jitter)
     try:
         _injected_fault(cell_id)
         measurement = run_cell(slot.cell.step, device, w.threads, w.template, group, extras)
@@ -119,7 +121,20 @@ def _measure(
         error = _agreed_error(error, group)
     planted = {"injected_slowdown": slowdown} if slowdown else {}
     planted |= {"injected_corruption": corruption} if corruption else {}
+    planted |= {"injected_jitter": jitter} if jitter else {}
+    planted |= {"grad_check_when": w.grad_check} if w.grad_check else {}
     return (measurement.to_dict() | planted if measurement else None), error
+
+
+def _checks_now(w: Worker, cell_id: str) -> bool | None:
+    """Whether this measurement checks its gradient: every one (`every`), or the configuration's first in this
+    group (`first`: None afterwards, the row then carries no verdict of its own); False where checks are off."""
+    if not w.grad_check:
+        return False
+    if w.grad_check == EVERY or cell_id not in w.checked:
+        w.checked.add(cell_id)
+        return True
+    return None
 
 
 def _unrecorded(group: Group, timed_steps: int, device: torch.device, threads: int, template):
@@ -180,8 +195,9 @@ class Worker:
     layout: Layout | None  # isolation: sweep — each cell's ranks and process group
     outbox: object | None  # rank 0 only: the trial's queue
     info: dict  # rank 0: the fingerprint and the host's placement
-    grad_check: bool = True  # check every distributed cell's gradient (trainers.gradcheck)
+    grad_check: str | bool = FIRST  # when a distributed cell checks its gradient: first | every; False: never
     world_check: dist.ProcessGroup | None = None  # the check's gloo group over every rank (no layout)
+    checked: set[str] = field(default_factory=set)  # cell ids whose gradient this group has checked
 
 
 def train_fn_per_worker(config: dict) -> None:
@@ -191,7 +207,7 @@ def train_fn_per_worker(config: dict) -> None:
     device = ray.train.torch.get_device()
     rank0 = ray.train.get_context().get_world_rank() == 0
     placement = _placement()
-    grad_check = config.get("grad_check", True)
+    grad_check = config.get("grad_check", FIRST)
     layout = Layout.build(group, placement, grad_check) if group.isolation == "sweep" else None
     world_check = world_check_group() if grad_check and layout is None and len(placement) > 1 else None
     marks["process_groups"] = time.time()

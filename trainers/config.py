@@ -153,10 +153,11 @@ class Measurement:
     replicas_in_sync: bool = True
     timing_used: str = "sync"  # how the steps were timed: sync | events | loop (events falls back to sync on CPU)
     timing_note: str | None = None  # why timing_used differs from the cell's timing, or what a loop row lacks
-    grad_check: str | None = None  # exact | approximate | failed | off (trainers.gradcheck); None: single mode
+    grad_check: str | None = None  # exact | approximate | failed | indeterminate | off; None: not checked
     grad_rel_error: float | None = None  # relative L2 error of DDP's gradient against the fp64 reference
-    grad_tol: float | None = None  # the relative error fp32 reduction order explains (exact within it)
-    grad_check_ms: float | None = None  # the check's cost: two passes and one fp64 reduction, after the timed steps
+    grad_tol: float | None = None  # the relative error the reduction's rounding explains (within it: not failed)
+    grad_check_ms: float | None = None  # the check's cost: one untimed step and the fp64 reduction
+    grad_check_note: str | None = None  # indeterminate: why the local gradients could not be captured
     compile_s: float | None = None  # compiled cells: warm-up steps that compiled (the first, and any recompile), s
     compiled_graphs: int | None = None  # compiled cells: graphs the backend compiled (ddp_optimizer: one per split)
     recompiles_timed: int | None = None  # compiled cells: frames Dynamo compiled inside the timed steps (must be 0)

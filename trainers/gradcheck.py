@@ -1,34 +1,39 @@
-"""The gradient check: what a cell's DDP configuration computed, against an exact reference.
+"""The gradient check: what a cell's communication did to its gradient, judged inside DDP's own backward.
 
-It runs after the timed steps (never inside them), on fixed check batches, one per rank and micro-step:
+One untimed check step after the timed steps, run as the cell runs every step (its hook, buckets, no_sync
+pattern, compile mode). Both sides of the comparison come from that one backward:
 
-    reference   each rank's local gradients on a copy of the model outside DDP (no hook, no bucket), one
-                micro-step at a time, in fp64; summed over the ranks in fp64 on the CPU through a gloo
-                process group of the check's own (no NCCL setting and no hook reaches it); divided by W
-    produced    the cell's DDP module on the same batches: its hook, buckets and no_sync pattern
+    local      each parameter's local gradient as autograd produces it, captured by a tensor hook (it fires
+               before the gradient is accumulated into .grad, so before DDP's reducer sees it), summed in fp64
+               over the micro-steps; summed over the ranks in fp64 through a gloo group of the check's own, in
+               chunks of at most CHUNK_BYTES, and divided by W: the exact mean of what the ranks computed
+    produced   DDP's .grad after the same step
 
-    exact        the relative L2 error is within what fp32 reduction order explains (`tolerance`)
-    approximate  a compressing hook (fp16, bf16, PowerSGD): its error is recorded, not judged
-    failed       an exact configuration outside the tolerance: a wrong sum, whatever replicas_in_sync says
+Kernel nondeterminism (atomics in flash attention's or an embedding's backward), dropout masks and a compiler's
+reordering are shared by both sides, so what can differ is what happened between the local gradients and .grad:
+DDP's division, buckets and all-reduce, or the hook. No copy of the model and no second backward.
 
-The tolerance. DDP's gradient is the sum of the n = W*G terms g_rm / W (W ranks, G micro-steps, g_rm one
-rank's fp32 gradient of one micro-step) evaluated in fp32 in some order: autograd's accumulation over
-micro-steps, DDP's division by W, the all-reduce's W-1 additions in the backend's order and the buckets'
-layout; syncing every micro-step divides and re-sums the running average each time. Each term passes through
-at most k = G (W + 1) roundings, so elementwise |ddp - ref| <= gamma_k * sum_rm |g_rm| / W with
-gamma_k = k u / (1 - k u), u = 2**-24 (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., §4.2:
-any order of summation). In L2 over every parameter, with the triangle inequality over ranks,
+    exact          the relative L2 error is within what fp32 reduction order explains (`tolerance`)
+    approximate    a compressing hook: fp16 / bf16 within what their own rounding explains; PowerSGD's error
+                   recorded, not judged (low rank is not a rounding)
+    failed         outside the bound: a wrong sum, whatever replicas_in_sync says
+    indeterminate  the local gradients could not be captured in this mode (the reason is recorded)
 
-    ||ddp - ref|| <= gamma_k * (1/W) * sum_r || sum_m |g_rm| ||
-
-and `tolerance` is that bound over ||ref||. It assumes each rank's backward computes the same bits twice
-(true on CPU; on CUDA, kernels that add with atomics break it: the GPU check says whether they do).
+The bound. DDP's gradient is the sum of the n = W*G terms g_rm / W (W ranks, G micro-steps) evaluated in some
+order: autograd's accumulation over micro-steps, DDP's division by W, the all-reduce's W-1 additions and the
+buckets' layout; syncing every micro-step divides and re-sums the running average each time. Each term passes
+through at most k = G (W + 1) roundings, so elementwise |ddp - ref| <= gamma_k * sum_rm |g_rm| / W with
+gamma_k = k u / (1 - k u) (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., §4.2: any order).
+In L2, with the triangle inequality over ranks, ||ddp - ref|| <= gamma_k (1/W) sum_r || sum_m |g_rm| ||, and
+the tolerance is that bound over ||ref||. u is fp32's 2**-24, or a casting hook's wire format's, fp16 2**-11 or
+bf16 2**-8, whose cast is one more rounding per synced micro-step (k = G (W + 2)); fp16 adds its underflow, at
+most 2**-25 absolute per element and rounding below its smallest normal (sqrt(n) k 2**-25 in L2).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from contextlib import nullcontext
+import math
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 import torch
@@ -38,93 +43,148 @@ from torch import nn
 from trainers.knobs import LOSSY_HOOKS
 
 U = 2.0**-24  # fp32 unit roundoff
+UNIT_ROUNDOFF = {"none": U, "fp16": 2.0**-11, "bf16": 2.0**-8}  # the wire format's; PowerSGD has no bound
+UNDERFLOW = {"fp16": 2.0**-25}  # half fp16's subnormal spacing: an absolute error per element and rounding
+CHUNK_BYTES = 64 * 2**20  # the most the check moves or copies at once, bytes
 CHECK_MICRO = 500  # check batches are micro-steps 500.. of the data generator: none the timed steps use
-EXACT, APPROXIMATE, FAILED, OFF = "exact", "approximate", "failed", "off"
+EXACT, APPROXIMATE, FAILED, INDETERMINATE, OFF = "exact", "approximate", "failed", "indeterminate", "off"
+FIRST, EVERY = "first", "every"  # when a configuration is checked: its first measurement, or every one
 
 
 @dataclass(frozen=True)
 class GradCheck:
     """One cell's check, as its row records it."""
 
-    grad_check: str  # exact | approximate | failed | off
+    grad_check: str | None  # exact | approximate | failed | indeterminate | off; None: not checked this time
     grad_rel_error: float | None = None  # ||produced - reference|| / ||reference||, every parameter
-    grad_tol: float | None = None  # the bound fp32 reduction order explains, relative (see the module docstring)
-    grad_check_ms: float | None = None  # what the check cost: both passes and the fp64 reduction
+    grad_tol: float | None = None  # the bound the reduction's rounding explains, relative (module docstring)
+    grad_check_ms: float | None = None  # what the check cost: the check step and the fp64 reduction
+    grad_check_note: str | None = None  # indeterminate: why the local gradients could not be captured
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def roundings(world: int, gas: int) -> int:
-    """The most fp32 roundings one term of DDP's averaged gradient passes through (module docstring)."""
-    return gas * (world + 1)
+def roundings(world: int, gas: int, comm_hook: str = "none") -> int:
+    """The most roundings one term of DDP's averaged gradient passes through (module docstring); a casting hook
+    adds one per synced micro-step (the cast to its wire format)."""
+    return gas * (world + (2 if comm_hook in UNDERFLOW or comm_hook == "bf16" else 1))
 
 
-def tolerance(world: int, gas: int, magnitude: float, ref_norm: float) -> float:
-    """The relative L2 error fp32 reduction order can explain: gamma_k * magnitude / ||ref||, where magnitude
-    is (1/W) sum_r ||sum_m |g_rm|||."""
-    k = roundings(world, gas)
-    gamma = k * U / (1 - k * U)
-    return gamma * magnitude / ref_norm if ref_norm > 0 else 0.0
-
-
-def flat(grads: Iterable[torch.Tensor | None], sizes: list[int], device: torch.device) -> torch.Tensor:
-    """Every parameter's gradient as one fp64 vector (zeros where a parameter got none)."""
-    parts = [
-        torch.zeros(n, dtype=torch.float64, device=device) if g is None else g.detach().reshape(-1).double()
-        for g, n in zip(grads, sizes, strict=True)
-    ]
-    return torch.cat(parts)
-
-
-def local_reference(
-    model: nn.Module,
-    loss: Callable[[nn.Module, tuple], torch.Tensor],
-    batches: list[tuple],
-    autocast: Callable,
-    around: Callable = nullcontext,
-) -> tuple[torch.Tensor, float]:
-    """(sum_m g_m in fp64, ||sum_m |g_m|||) for this rank's micro-steps, on `model` itself (a copy outside DDP,
-    or a compiled module that communicates nothing): each micro-step's gradient alone, as DDP's loss / gas gives
-    it; `autocast` around each forward, `around` around each forward and backward."""
-    params = list(model.parameters())
-    sizes = [p.numel() for p in params]
-    device = params[0].device
-    total = torch.zeros(sum(sizes), dtype=torch.float64, device=device)
-    magnitude = torch.zeros_like(total)
-    for batch in batches:
-        model.zero_grad(set_to_none=True)
-        with around():
-            with autocast():
-                value = loss(model, batch)
-            (value / len(batches)).backward()
-        g = flat((p.grad for p in params), sizes, device)
-        total += g
-        magnitude += g.abs()
-    model.zero_grad(set_to_none=True)
-    return total, float(magnitude.norm())
-
-
-def reduce_reference(total: torch.Tensor, magnitude: float, group: dist.ProcessGroup | None, world: int):
-    """(the fp64 mean over the ranks of `group`, (1/W) sum_r magnitude_r): one fp64 all-reduce on the CPU (none
-    for a world of one)."""
-    packed = torch.cat([total.cpu(), torch.tensor([magnitude], dtype=torch.float64)])
-    if world > 1:
-        dist.all_reduce(packed, group=group)
-    return packed[:-1] / world, float(packed[-1]) / world
+def tolerance(world: int, gas: int, magnitude: float, ref_norm: float, comm_hook: str = "none", n: int = 0) -> float:
+    """The relative L2 error the reduction's rounding can explain: (gamma_k * magnitude + sqrt(n) k eta) / ||ref||,
+    magnitude = (1/W) sum_r ||sum_m |g_rm|||, u and eta the hook's wire format's, n the gradient's elements."""
+    k = roundings(world, gas, comm_hook)
+    u = UNIT_ROUNDOFF.get(comm_hook, U)
+    gamma = k * u / (1 - k * u)
+    floor = math.sqrt(n) * k * UNDERFLOW.get(comm_hook, 0.0)
+    return (gamma * magnitude + floor) / ref_norm if ref_norm > 0 else 0.0
 
 
 def verdict(comm_hook: str, rel_error: float, tol: float) -> str:
-    if comm_hook in LOSSY_HOOKS:
-        return APPROXIMATE
-    return EXACT if rel_error <= tol else FAILED
+    if comm_hook in LOSSY_HOOKS and comm_hook not in UNIT_ROUNDOFF:
+        return APPROXIMATE  # PowerSGD: low rank, not a rounding
+    if rel_error > tol:
+        return FAILED
+    return APPROXIMATE if comm_hook in LOSSY_HOOKS else EXACT
 
 
-def compare(produced: torch.Tensor, reference: torch.Tensor) -> float:
-    """||produced - reference|| / ||reference|| (fp64)."""
-    ref_norm = float(reference.norm())
-    diff = float((produced.to(reference.device) - reference).norm())
-    return diff / ref_norm if ref_norm > 0 else diff
+def _slices(n: int, elements: int) -> Iterator[slice]:
+    return (slice(i, min(i + elements, n)) for i in range(0, n, elements))
+
+
+class Capture:
+    """Each parameter's local gradient, as autograd produces it, summed in fp64 over the micro-steps (and, for
+    the bound, the sum of its absolute values where there is more than one micro-step). Tensor hooks: they fire
+    before accumulation into .grad, so before DDP's reducer; `remove` takes them off."""
+
+    def __init__(self, params: list[nn.Parameter], gas: int) -> None:
+        self.params = params
+        self.sums = [torch.zeros(p.numel(), dtype=torch.float64, device=p.device) for p in params]
+        self.mags = [torch.zeros_like(s) for s in self.sums] if gas > 1 else None  # gas 1: |g| sums to ||sum||
+        self.calls = [0] * len(params)
+        self.handles = [p.register_hook(self._hook(i)) for i, p in enumerate(params)]
+
+    def _hook(self, i: int) -> Callable[[torch.Tensor], None]:
+        def hook(grad: torch.Tensor) -> None:
+            self.calls[i] += 1
+            flat = grad.detach().reshape(-1)
+            for s in _slices(flat.numel(), CHUNK_BYTES // 8):  # no full-size temporary
+                self.sums[i][s].add_(flat[s])
+                if self.mags is not None:
+                    self.mags[i][s].add_(flat[s].abs())
+
+        return hook
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+    def missed(self) -> int:
+        """Parameters that hold a gradient though their hook never fired (a mode that bypasses tensor hooks)."""
+        return sum(1 for p, c in zip(self.params, self.calls, strict=True) if c == 0 and p.grad is not None)
+
+    def magnitude(self) -> float:
+        """||sum_m |g_m||| over every parameter, this rank's."""
+        parts = self.mags if self.mags is not None else self.sums
+        return math.sqrt(sum(float(t.square().sum()) for t in parts))
+
+
+def _chunks(sizes: list[int], elements: int) -> Iterator[list[tuple[int, slice]]]:
+    """(parameter, slice) pieces, packed in order into chunks of at most `elements` elements."""
+    chunk: list[tuple[int, slice]] = []
+    room = elements
+    for i, n in enumerate(sizes):
+        start = 0
+        while start < n:
+            take = min(room, n - start)
+            chunk.append((i, slice(start, start + take)))
+            start, room = start + take, room - take
+            if room == 0:
+                yield chunk
+                chunk, room = [], elements
+    if chunk:
+        yield chunk
+
+
+def judge(capture: Capture, group: dist.ProcessGroup | None, world: int) -> tuple[float, float, float]:
+    """(max over ranks of ||produced - ref||^2, ||ref||^2, (1/W) sum_r magnitude_r): the fp64 sum over the ranks
+    of `group` in chunks on the CPU (a collective over `group`: every rank calls it; none for a world of one)."""
+    produced = [
+        torch.zeros(p.numel(), dtype=torch.float32, device=p.device) if p.grad is None else p.grad.detach().reshape(-1)
+        for p in capture.params
+    ]
+    err2 = ref2 = 0.0
+    for chunk in _chunks([s.numel() for s in capture.sums], CHUNK_BYTES // 8):
+        ref = torch.cat([capture.sums[i][s].cpu() for i, s in chunk])
+        if world > 1:
+            dist.all_reduce(ref, group=group)
+        ref /= world
+        got = torch.cat([produced[i][s].cpu() for i, s in chunk]).double()
+        err2 += float((got - ref).square().sum())
+        ref2 += float(ref.square().sum())
+    small = torch.tensor([err2, capture.magnitude()], dtype=torch.float64)
+    if world > 1:
+        every = [torch.zeros_like(small) for _ in range(world)]
+        dist.all_gather(every, small, group=group)
+        err2 = max(float(t[0]) for t in every)
+        return err2, ref2, sum(float(t[1]) for t in every) / world
+    return err2, ref2, float(small[1])
+
+
+def result(capture: Capture, group: dist.ProcessGroup | None, world: int, gas: int, comm_hook: str) -> GradCheck:
+    """The verdict on the captured step (collective over `group`); indeterminate where hooks were bypassed."""
+    missed = torch.tensor([float(capture.missed())], dtype=torch.float64)
+    if world > 1:
+        dist.all_reduce(missed, group=group, op=dist.ReduceOp.MAX)
+    if missed.item() > 0:
+        why = f"{int(missed.item())} parameter(s) got a gradient without passing its tensor hook in this mode"
+        return GradCheck(INDETERMINATE, grad_check_note=why)
+    err2, ref2, magnitude = judge(capture, group, world)
+    rel = math.sqrt(err2 / ref2) if ref2 > 0 else math.sqrt(err2)
+    n = sum(s.numel() for s in capture.sums)
+    tol = tolerance(world, gas, magnitude, math.sqrt(ref2), comm_hook, n)
+    return GradCheck(verdict(comm_hook, rel, tol), rel, tol)
 
 
 _WORLD_CHECK: list = []  # [(the default group, its check group)]: one per world, made on first use

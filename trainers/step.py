@@ -8,11 +8,9 @@ optimizer and a new DDP wrapper (trainers.replica builds it), and `release` free
 
 from __future__ import annotations
 
-import copy
 import gc
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 import torch
@@ -23,15 +21,14 @@ from trainers.commtrace import counting_all_reduce, summarize_trace
 from trainers.config import Measurement, StepConfig
 from trainers.errors import StepError
 from trainers.gradcheck import OFF, GradCheck
+from trainers.jitter import jittered
 from trainers.model import grad_bytes, n_params
 from trainers.replica import (
     Replica,
-    autocast,
     bucket_sizes,
     distributed,
     forward_backward,
     gather_max,
-    micro_step_context,
     replicas_in_sync,
     setup_replica,
     train_step,
@@ -45,10 +42,12 @@ from trainers.workload import Built
 class Extras:
     """What a cell's run does beside its configuration (none of it is part of the configuration)."""
 
-    grad_check: bool = True  # check the gradient after the timed steps (trainers.gradcheck)
+    grad_check: bool | None = True  # check the gradient after the timed steps (trainers.gradcheck); None: not
+    # this time (the configuration was checked at its first measurement), False: the sweep turned checks off
     check_group: dist.ProcessGroup | None = None  # the check's gloo group over the cell's ranks (None: the world's)
     slowdown: float = 0.0  # benchmarks only: each timed step made this fraction slower (trainers.timing.slowed)
     corruption: float = 0.0  # benchmarks only: all-reduced buckets scaled by 1 + this (trainers.hooks.corrupted)
+    jitter: float = 0.0  # benchmarks only: relative noise in every backward, as GPU atomics give (trainers.jitter)
 
 
 def reset_peak_memory(device: torch.device) -> bool:
@@ -118,6 +117,8 @@ def _run_cell(
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     t0 = time.perf_counter()
     rep = setup_replica(cfg, device, template, group, extras.corruption)
+    if extras.jitter:
+        jittered(rep.model, extras.jitter)
     sync()
     setup_ms = (time.perf_counter() - t0) * 1e3
     t0 = time.perf_counter()
@@ -132,12 +133,16 @@ def _run_cell(
     if rep.compiled:
         counted |= compiled_figures(rep, compile_s, rep.compiled.activity() - activity)
     traced = summarize_trace(rep.trace) if rep.trace else {}
-    in_sync, peak, checked = True, peak_memory_bytes(device, window), GradCheck(OFF)
+    in_sync, checked = True, GradCheck(OFF)
     if distributed(cfg):
-        peak = None if peak is None else int(gather_max([float(peak)], device, group)[0])
         in_sync = replicas_in_sync(rep.model, device, group)
         if extras.grad_check:
             checked = check_gradient(rep, extras.check_group, sync)
+        elif extras.grad_check is None:
+            checked = GradCheck(None)  # checked at an earlier measurement of the configuration
+    peak = peak_memory_bytes(device, window)  # the check's own memory included
+    if distributed(cfg):
+        peak = None if peak is None else int(gather_max([float(peak)], device, group)[0])
         if dist.get_rank(group) != 0:
             return None
     m = _measurement(cfg, rep, device, times, peak, in_sync, num_threads, (setup_ms, warmup_ms))
@@ -193,47 +198,26 @@ def check_batches(rep: Replica) -> list[tuple[torch.Tensor, ...]]:
 
 
 def check_gradient(rep: Replica, check_group: dist.ProcessGroup | None, sync: Hook) -> GradCheck:
-    """The gradient check (trainers.gradcheck): the reference on a copy of the model and an fp64 all-reduce over
-    `check_group` (None: the world's own check group), then the cell's DDP on the same check batches. Collective:
-    every rank of the cell calls it; every rank gets the same verdict."""
+    """The gradient check (trainers.gradcheck): one untimed step as the cell runs it, each local gradient
+    captured before DDP's reducer sees it, then judged against DDP's .grad over `check_group` (None: the
+    world's own check group). Collective: every rank of the cell calls it; every rank gets the same verdict."""
     t0 = time.perf_counter()
     if check_group is None and rep.world_size > 1:
         if rep.group is not None:
             raise ValueError("a cell on a subgroup needs its gradient check's own group (Extras.check_group)")
         check_group = gradcheck.world_check_group()
-    batches = check_batches(rep)
-    total, magnitude = local_gradients(rep, batches)
-    reference, magnitude = gradcheck.reduce_reference(total, magnitude, check_group, rep.world_size)
-    forward_backward(replace(rep, batches=batches))
-    params = list(rep.model.parameters())
-    produced = gradcheck.flat((p.grad for p in params), [p.numel() for p in params], rep.device)
     rep.opt.zero_grad(set_to_none=True)
-    error = gradcheck.compare(produced, reference)
-    tol = gradcheck.tolerance(rep.world_size, rep.cfg.gas, magnitude, float(reference.norm()))
+    capture = gradcheck.Capture(list(rep.model.parameters()), rep.cfg.gas)
+    try:
+        forward_backward(replace(rep, batches=check_batches(rep)))
+        sync()
+    finally:
+        capture.remove()
+    checked = gradcheck.result(capture, check_group, rep.world_size, rep.cfg.gas, rep.cfg.comm_hook)
+    del capture
+    rep.opt.zero_grad(set_to_none=True)
     sync()
-    ms = (time.perf_counter() - t0) * 1e3
-    return GradCheck(gradcheck.verdict(rep.cfg.comm_hook, error, tol), error, tol, ms)
-
-
-def local_gradients(rep: Replica, batches: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, float]:
-    """This rank's gradients alone, in fp64 (gradcheck.local_reference): eager, on a copy of the model outside
-    DDP; compiled, through the cell's own compiled module with no communication (`no_sync`), so the reference
-    has the compiled code's bits and the check judges DDP's communication, not the compiler's rounding."""
-    fwd = lambda: autocast(rep.device)  # noqa: E731
-    if rep.compiled is None:
-        return gradcheck.local_reference(copy.deepcopy(rep.model), rep.workload.loss, batches, fwd)
-    quiet = rep.module.no_sync() if rep.cfg.mode == "ddp" else nullcontext()
-    with quiet:
-        ran, local = compiled.count_collectives(
-            lambda: gradcheck.local_reference(
-                rep.module, rep.workload.loss, batches, fwd, lambda: micro_step_context(rep)
-            )
-        )
-    if ran:  # a reference that communicated would share whatever the cell's communication got wrong
-        raise StepError(
-            f"the gradient check's local pass ran {ran} all-reduce(s) under no_sync(){_compile_text(rep.cfg)}"
-        )
-    return local
+    return replace(checked, grad_check_ms=(time.perf_counter() - t0) * 1e3)
 
 
 def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Callable[[], None], slowdown: float = 0.0):
