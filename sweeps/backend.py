@@ -85,9 +85,33 @@ def _set_env_on_worker(addr: str, port: int) -> None:
 
 
 def _init_process_group_on_worker(backend: str, world_rank: int, world_size: int, timeout_s: int) -> None:
-    from ray.train.torch.config import _setup_torch_process_group
+    """Runs on every rank: gloo bound to the node's interface (sweeps.bind), then the default group; on NCCL with
+    the rank's device (`device_id`: the communicator is made at once, on the right GPU), and with the
+    communicators of a failed collective aborted, never the process (a failed cell is one error row: its ranks
+    make its groups anew, sweeps.ranks)."""
+    from datetime import timedelta
 
-    _setup_torch_process_group(backend, world_rank, world_size, "env://", timeout_s)
+    import torch
+    import torch.distributed as dist
+
+    from sweeps.bind import bind_gloo
+
+    bind_gloo(ray.util.get_node_ip_address())
+    device_id = None
+    if backend == "nccl":
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")  # CleanUpOnly: abort, keep the process
+        device_id = torch.device("cuda", _local_gpu_index())
+    timeout = timedelta(seconds=timeout_s)
+    dist.init_process_group(
+        backend, init_method="env://", rank=world_rank, world_size=world_size, timeout=timeout, device_id=device_id
+    )
+
+
+def _local_gpu_index() -> int:
+    """This rank's GPU among the node's visible ones (Ray shares CUDA_VISIBLE_DEVICES across a node's ranks)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    mine = [str(g) for g in ray.get_gpu_ids()]
+    return visible.index(mine[0]) if mine and mine[0] in visible else 0
 
 
 def _shutdown_on_worker(destroy_process_group: bool) -> None:

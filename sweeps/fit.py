@@ -49,6 +49,7 @@ def build_trainer(group: Group, opts: TrialOptions, outbox: Queue, inbox: Queue 
             "inbox": inbox,
             "env": env,
             "grad_check": opts.grad_check,
+            "collective_timeout_s": opts.collective_timeout_s,
         },
         scaling_config=ScalingConfig(
             num_workers=cell.world_size,

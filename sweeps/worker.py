@@ -16,7 +16,7 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import psutil
 import ray
@@ -28,9 +28,9 @@ import torch.distributed as dist
 from sweeps import fingerprint
 from sweeps.grid import Group, Slot
 from sweeps.options import CORRUPT_ENV, JITTER_ENV, SLOWDOWN_ENV
-from sweeps.ranks import Layout, announce, wait_for
+from sweeps.ranks import FailureWatch, Layout, agree, announce, report_failure, wait_for
 from trainers.collectives import allreduce_sweep, broadcast_time, sizes_up_to
-from trainers.gradcheck import EVERY, FIRST, world_check_group
+from trainers.gradcheck import EVERY, FIRST
 from trainers.model import grad_bytes
 from trainers.replica import build_model
 from trainers.stats import median_rel_half_width
@@ -70,27 +70,25 @@ def placement_info(placement: list[dict]) -> dict:
     }
 
 
-# Fault-injection hook for tests of the error paths: a file whose lines are "<cell_id> raise|hang".
+# Fault-injection hook for tests of the error paths: a file whose lines are "<cell_id> raise|hang|raise-backward@R"
+# (the last: rank R raises in the middle of its first backward, its peers inside DDP's all-reduce).
 FAULT_FILE_ENV = "DDPSWEEP_FAULT_FILE"
 
 
-def _injected_fault(cell_id: str) -> None:
+def _fault(cell_id: str) -> str | None:
     path = os.environ.get(FAULT_FILE_ENV)
     if not path or not os.path.exists(path):
-        return
+        return None
     with open(path) as f:
-        faults = dict(line.split() for line in f if line.strip())
-    if faults.get(cell_id) == "raise":
+        return dict(line.split() for line in f if line.strip()).get(cell_id)
+
+
+def _injected_fault(cell_id: str) -> None:
+    fault = _fault(cell_id)
+    if fault == "raise":
         raise RuntimeError(f"fault injected into cell {cell_id}")
-    if faults.get(cell_id) == "hang":
+    if fault == "hang":
         time.sleep(10**6)
-
-
-def _agreed_error(mine: str | None, group: dist.ProcessGroup | None = None) -> str | None:
-    """Every rank's outcome of the cell (a collective over `group`): the first rank's error, or None."""
-    every: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(every, mine, group=group)
-    return next((f"rank {r}: {e}" for r, e in enumerate(every) if e), None)
 
 
 def injected(name: str, cell_id: str) -> float:
@@ -101,29 +99,71 @@ def injected(name: str, cell_id: str) -> float:
     return float(entries.get(cell_id, entries.get("*", 0.0)))
 
 
-def _measure(
-    w: Worker, slot: Slot, group: dist.ProcessGroup | None, check_group: dist.ProcessGroup | None
-) -> tuple[dict | None, str | None]:
-    """One cell on this rank, one of `group`'s (`check_group`: the gradient check's gloo group over the same
-    ranks). An exception becomes this rank's error; the group's ranks then agree on the outcome."""
-    cell_id, device = slot.cell.cell_id, w.device
-    slowdown, corruption = injected(SLOWDOWN_ENV, cell_id), injected(CORRUPT_ENV, cell_id)
-    jitter = injected(JITTER_ENV, cell_id)
-    extras = Extras(_checks_now(w, cell_id), check_group, slowdown, corruption, jitter)
+def _measure(w: Worker, slot: Slot, ranks: tuple[int, ...]) -> tuple[dict | None, str | None]:
+    """One cell on this rank, one of `ranks`. An exception becomes this rank's error, reported through the store
+    at once, and this rank's groups of the cell are destroyed (their sockets close, so a peer held in one of
+    their collectives fails at once); the ranks then agree on the outcome through the store."""
+    cell_id, repeat, step = slot.cell.cell_id, slot.repeat, slot.cell.step
+    measurement, error = _run(w, slot, ranks)  # holds no reference to the cell's groups once it returns
+    if error is not None:
+        _release_quietly(w.device)
+        if step.mode != "single":
+            report_failure(cell_id, repeat, dist.get_rank(), error, ranks)
+            w.layout.drop(ranks)
+            gc.collect()  # the last references to the dropped groups: their sockets close
+    if step.mode != "single":
+        error = agree(cell_id, repeat, dist.get_rank(), ranks, w.collective_timeout)
+    return (measurement if not error else None), error
+
+
+def _run(w: Worker, slot: Slot, ranks: tuple[int, ...]) -> tuple[dict | None, str | None]:
+    """The cell's measurement on this rank (rank 0's, with what its row records of the plants), or its error."""
+    cell_id, step = slot.cell.cell_id, slot.cell.step
+    extras = _extras(w, cell_id, ranks)
+    group = w.layout.process_group(ranks)
+    groups = [g for g in (group, extras.check_group) if g is not None]
+    watch = FailureWatch(
+        cell_id, slot.repeat, dist.get_rank(), groups, abort=w.backend != "gloo" and step.mode != "single"
+    )
     try:
         _injected_fault(cell_id)
-        measurement = run_cell(slot.cell.step, device, w.threads, w.template, group, extras)
-        error = None
+        measurement = run_cell(step, w.device, w.threads, w.template, group, extras)
+        release(w.device)
     except Exception as e:  # noqa: BLE001 — reported as the cell's error row; the group goes on
-        measurement, error = None, f"{type(e).__name__}: {e}"
-    release(device)
-    if slot.cell.step.mode != "single":
-        error = _agreed_error(error, group)
-    planted = {"injected_slowdown": slowdown} if slowdown else {}
-    planted |= {"injected_corruption": corruption} if corruption else {}
-    planted |= {"injected_jitter": jitter} if jitter else {}
-    planted |= {"grad_check_when": w.grad_check} if w.grad_check else {}
-    return (measurement.to_dict() | planted if measurement else None), error
+        return None, f"{type(e).__name__}: {e}"
+    finally:
+        watch.close()
+    planted = {k: v for k, v in extras_record(w, extras).items() if v}
+    return (measurement.to_dict() | planted if measurement else None), None
+
+
+def _release_quietly(device: torch.device) -> None:
+    """What the failed cell held, freed; a sticky device error here is already the cell's error."""
+    with contextlib.suppress(Exception):
+        release(device)
+
+
+def _extras(w: Worker, cell_id: str, ranks: tuple[int, ...]) -> Extras:
+    """The cell's extras on this rank: its check and group, and any plant (benchmarks and tests only)."""
+    fail_here = _fault(cell_id) == f"raise-backward@{dist.get_rank()}"
+    return Extras(
+        grad_check=_checks_now(w, cell_id),
+        check_group=w.layout.check_group(ranks),
+        slowdown=injected(SLOWDOWN_ENV, cell_id),
+        corruption=injected(CORRUPT_ENV, cell_id),
+        jitter=injected(JITTER_ENV, cell_id),
+        fail_in_backward=fail_here,
+    )
+
+
+def extras_record(w: Worker, extras: Extras) -> dict:
+    """What the row records of the extras: the plants, and when the sweep checks gradients."""
+    return {
+        "injected_slowdown": extras.slowdown,
+        "injected_corruption": extras.corruption,
+        "injected_jitter": extras.jitter,
+        "grad_check_when": w.grad_check or None,
+    }
 
 
 def _checks_now(w: Worker, cell_id: str) -> bool | None:
@@ -192,11 +232,12 @@ class Worker:
     threads: int
     template: object  # trainers.workload.Built: every cell starts from a copy of its model
     placement: list[dict]  # every rank's place, in rank order
-    layout: Layout | None  # isolation: sweep — each cell's ranks and process group
+    layout: Layout  # each cell's ranks and process groups (isolation: sweep — its own ranks; else every rank)
     outbox: object | None  # rank 0 only: the trial's queue
     info: dict  # rank 0: the fingerprint and the host's placement
     grad_check: str | bool = FIRST  # when a distributed cell checks its gradient: first | every; False: never
-    world_check: dist.ProcessGroup | None = None  # the check's gloo group over every rank (no layout)
+    backend: str = "gloo"  # the process groups' backend (nccl: a failed peer's groups are aborted)
+    collective_timeout: timedelta = timedelta(minutes=30)  # how long the ranks of a cell wait for each other
     checked: set[str] = field(default_factory=set)  # cell ids whose gradient this group has checked
 
 
@@ -208,8 +249,7 @@ def train_fn_per_worker(config: dict) -> None:
     rank0 = ray.train.get_context().get_world_rank() == 0
     placement = _placement()
     grad_check = config.get("grad_check", FIRST)
-    layout = Layout.build(group, placement, grad_check) if group.isolation == "sweep" else None
-    world_check = world_check_group() if grad_check and layout is None and len(placement) > 1 else None
+    layout = Layout.build(group, placement, bool(grad_check), whole=group.isolation != "sweep")
     marks["process_groups"] = time.time()
     marks["placement_group"] = min(p["process_started"] for p in placement)  # the first worker process
     given = config.get("env", {})  # the variables the spec gave this group, as it gave them
@@ -217,7 +257,9 @@ def train_fn_per_worker(config: dict) -> None:
     template = build_model(group.first.step, device)  # built once; every cell starts from a copy of it
     marks["model"] = time.time()
     outbox = config["outbox"] if rank0 else None
-    w = Worker(group, device, threads, template, placement, layout, outbox, info, grad_check, world_check)
+    w = Worker(group, device, threads, template, placement, layout, outbox, info, grad_check)
+    w.backend = dist.get_backend()
+    w.collective_timeout = timedelta(seconds=config.get("collective_timeout_s", 1800))
     _warm_up_group(group, device, threads, template)
     marks["warm_up"] = time.time()
     if group.calibrate:
@@ -250,38 +292,35 @@ def rounds_of(group: Group, inbox, rank0: bool) -> Iterator[list[Slot]]:
 
 
 def _cell_ranks(w: Worker, slot: Slot) -> tuple[int, ...]:
-    """The ranks that measure the slot's cell (every rank outside `isolation: sweep`; none where the host's
-    placement cannot give them: `Layout.unplaced` says why)."""
-    if w.layout is None:
-        return tuple(range(len(w.placement)))
+    """The ranks that measure the slot's cell (none where the host's placement cannot give them:
+    `Layout.unplaced` says why)."""
     return w.layout.ranks.get(slot.cell.cell_id, ())
 
 
 def _measure_slot(w: Worker, slot: Slot, extra: dict) -> None:
     """One (cell, repeat): its ranks measure it while the others wait for rank 0's word; rank 0 (the one with
     an outbox) posts start, then done with the measurement, `extra` (the round's control), the fingerprint
-    and the placement of the cell's own ranks."""
+    and the placement of the cell's own ranks. After a failure every rank makes the cell's groups anew."""
     cell_id, repeat = slot.cell.cell_id, slot.repeat
     ranks = _cell_ranks(w, slot)
-    why_not = w.layout.unplaced.get(cell_id) if w.layout else None
+    why_not = w.layout.unplaced.get(cell_id)
     if why_not is None and dist.get_rank() not in ranks:
-        wait_for(cell_id, repeat)
+        if wait_for(cell_id, repeat):
+            w.layout.renew(ranks)
         return
     started, t0 = datetime.now(UTC).isoformat(), time.perf_counter()
     if w.outbox is not None:
         w.outbox.put({"kind": "start", "key": [cell_id, repeat]})
-    if why_not is not None:
-        measurement, error = None, f"not measured: {why_not}"
-    else:
-        group = w.layout.process_group(ranks) if w.layout else None
-        check_group = w.layout.check_group(ranks) if w.layout else w.world_check
-        measurement, error = _measure(w, slot, group, check_group)
+    measurement, error = (None, f"not measured: {why_not}") if why_not else _measure(w, slot, ranks)
     if w.outbox is not None:
         done = {"key": [cell_id, repeat], "started_at": started, "wall_s": time.perf_counter() - t0}
         own = _own_placement(w, ranks)
         w.outbox.put({"kind": "done", **done, "measurement": measurement, "error": error, **extra, **w.info, **own})
-    if w.layout is not None and ranks and len(ranks) < len(w.placement):
-        announce(cell_id, repeat)  # rank 0 (always one of the cell's ranks): the waiting ranks go on
+    failed = why_not is None and error is not None and slot.cell.step.mode != "single"
+    if ranks and len(ranks) < len(w.placement):
+        announce(cell_id, repeat, failed)  # rank 0 (always one of the cell's ranks): the waiting ranks go on
+    if failed:
+        w.layout.renew(ranks)
 
 
 def _own_placement(w: Worker, ranks: tuple[int, ...]) -> dict:

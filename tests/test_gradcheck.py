@@ -176,7 +176,7 @@ JITTERED = [
 
 
 def test_a_backward_that_differs_on_every_call_keeps_exact_cells_exact_and_a_corruption_still_fails(tmp_path):
-    """The GPU's nondeterministic backward, emulated (trainers.jitter, 1e-3): the check shares the cell's own
+    """The GPU's nondeterministic backward, emulated (trainers.plants, 1e-3): the check shares the cell's own
     backward, so only communication can differ; a planted corruption of 1e-4 beside it still fails."""
     out = run_world(checked, 2, tmp_path / "jitter", JITTERED, 0.0, True, 1e-3)[0]
     assert [m.grad_check for m in out] == ["exact", "exact", "exact", "approximate"]

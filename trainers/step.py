@@ -21,8 +21,8 @@ from trainers.commtrace import counting_all_reduce, summarize_trace
 from trainers.config import Measurement, StepConfig
 from trainers.errors import StepError
 from trainers.gradcheck import OFF, GradCheck
-from trainers.jitter import jittered
 from trainers.model import grad_bytes, n_params
+from trainers.plants import failing_backward, jittered
 from trainers.replica import (
     Replica,
     bucket_sizes,
@@ -47,7 +47,8 @@ class Extras:
     check_group: dist.ProcessGroup | None = None  # the check's gloo group over the cell's ranks (None: the world's)
     slowdown: float = 0.0  # benchmarks only: each timed step made this fraction slower (trainers.timing.slowed)
     corruption: float = 0.0  # benchmarks only: all-reduced buckets scaled by 1 + this (trainers.hooks.corrupted)
-    jitter: float = 0.0  # benchmarks only: relative noise in every backward, as GPU atomics give (trainers.jitter)
+    jitter: float = 0.0  # benchmarks only: relative noise in every backward, as GPU atomics give (trainers.plants)
+    fail_in_backward: bool = False  # tests only: this rank raises in the middle of its first backward
 
 
 def reset_peak_memory(device: torch.device) -> bool:
@@ -119,6 +120,8 @@ def _run_cell(
     rep = setup_replica(cfg, device, template, group, extras.corruption)
     if extras.jitter:
         jittered(rep.model, extras.jitter)
+    if extras.fail_in_backward:
+        failing_backward(rep.model)
     sync()
     setup_ms = (time.perf_counter() - t0) * 1e3
     t0 = time.perf_counter()

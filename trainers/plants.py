@@ -1,4 +1,6 @@
-"""Benchmarks only (DDPSWEEP_JITTER): a backward that differs on every call, as a GPU's is.
+"""Faults planted by benchmarks and tests, never by a spec: a nondeterministic backward, a rank that fails in one.
+
+A backward that differs on every call, as a GPU's does (DDPSWEEP_JITTER).
 
 On CUDA, flash attention's backward sums dQ with atomic adds and Inductor lowers an embedding's backward to one:
 two backward passes of one batch differ in their last bits, on every call and every rank. The CPU computes the
@@ -55,3 +57,18 @@ def jittered(model: nn.Module, size: float) -> list[RemovableHandle]:
         return tuple(_Jitter.apply(a, size) if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args)
 
     return [m.register_forward_pre_hook(pre_hook) for m in targets(model)]
+
+
+class PlantedFault(RuntimeError):
+    """The planted failure of one rank in the middle of its backward (tests of the failure path)."""
+
+
+def failing_backward(model: nn.Module) -> RemovableHandle:
+    """Raise from the first backward that reaches the middle parameter: its peers are then inside DDP's
+    all-reduce of the buckets before it."""
+    params = list(model.parameters())
+
+    def hook(grad: torch.Tensor) -> None:
+        raise PlantedFault("fault planted in the middle of the backward")
+
+    return params[len(params) // 2].register_hook(hook)
