@@ -80,16 +80,6 @@ def timing_lines(rows: pd.DataFrame) -> list[str]:
     return lines + [ratio_line(f"{t} / sync", ddp.loc[t], ddp.loc["sync"]) for t in ddp.index if t != "sync"]
 
 
-def isolation_lines(rows: pd.DataFrame) -> list[str]:
-    """The DDP cell alone (isolation: cell) ÷ the same cell inside part 2's group (timing sync); unpaired."""
-    alone = analysis.ok_cells(rows[rows["spec_name"] == "gpu-check-isolation"])
-    grouped = analysis.ok_cells(rows[(rows["spec_name"] == "gpu-check-timing") & (rows["timing"] == "sync")])
-    a, g = alone[alone["mode"] == "ddp"], grouped[grouped["mode"] == "ddp"]
-    if a.empty or g.empty:
-        return ["- not measured"]
-    return [ratio_line("alone / in its group", a.iloc[0], g.iloc[0])]
-
-
 def calibration_lines(root: str, path_json: str | None) -> list[str]:
     """The sweeps' stored calibration (groups of >= 2 ranks only), then part 0's 1-rank run of the same code."""
     cal = load_calibration(root)
@@ -116,13 +106,20 @@ def error_lines(rows: pd.DataFrame) -> list[str]:
     return [f"- {r['spec_name']} {r['cell_id']} r{r['repeat']}: {str(r['error'])[:300]}" for _, r in bad.iterrows()]
 
 
+def workload_name(r: pd.Series) -> str:
+    return str(r["workload"]) if pd.notna(r.get("workload")) and r.get("workload") else str(r.get("model"))
+
+
 def grad_check_lines(rows: pd.DataFrame) -> list[str]:
-    """The gradient check under NCCL (bf16 autocast): verdicts and relative errors by sweep and hook."""
+    """The gradient check under NCCL (bf16 autocast), per workload and hook: verdicts and relative errors. At
+    world size 1 an error can only be the kernels' nondeterminism, which the check shares with the cell's own
+    backward: every hook-none configuration must read exact."""
     ddp = rows[(rows["status"] == "ok") & (rows["mode"] == "ddp") & rows["grad_check"].notna()]
     if ddp.empty:
         return ["- no DDP measurement was checked"]
+    ddp = ddp.assign(workload_name=ddp.apply(workload_name, axis=1))
     out = []
-    for (spec, hook), g in ddp.groupby(["spec_name", "comm_hook"]):
+    for (spec, hook), g in ddp.groupby(["workload_name", "comm_hook"]):
         verdicts = ", ".join(f"{k} {n}" for k, n in g["grad_check"].value_counts().items())
         err = g["grad_rel_error"]
         out.append(
@@ -174,11 +171,13 @@ def prediction_lines(root: str, rows: pd.DataFrame) -> list[str]:
 
 def summary(root: str, calibration_path: str | None = None) -> str:
     rows = load(root)
-    parts = [f"# make gpu-check, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC", "", "## Device", *device_lines(rows)]
+    parts = [f"# make gpu-check, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC", ""]
+    if rows.empty:
+        return "\n".join([*parts, "- no measurement stored yet"]) + "\n"
+    parts += ["## Gradient check at world size 1, per workload (must read exact for hook none)"]
+    parts += [*grad_check_lines(rows), "", "## Device", *device_lines(rows)]
     parts += ["", "## Cells (median step over rounds and steps, 95% interval)", *cell_table(rows)]
     parts += ["", "## Timing methods (DDP cell, step ÷ sync's, round-blocked 95% interval)", *timing_lines(rows)]
-    parts += ["", "## One cell alone vs inside a group (issue 21)", *isolation_lines(rows)]
-    parts += ["", "## Gradient check (exact within the fp32 bound | approximate | failed)", *grad_check_lines(rows)]
     parts += ["", "## Compiled steps (torch.compile, Inductor)", *compile_lines(rows)]
     parts += ["", "## Predicted beside measured (part 1, world size 1: the profile alone)"]
     parts += prediction_lines(root, rows[rows["sweep_id"] == "1_main"])

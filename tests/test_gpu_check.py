@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -19,12 +20,11 @@ from service.cli import app
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT / "benchmarks" / "gpu_check"
 GRIDS = {
-    "1_main": "11 cells x 3 repeat(s) = 33 measurements in 1 worker group(s)",
-    "2_timing": "6 cells x 5 repeat(s) = 30 measurements in 1 worker group(s)",
-    "3_hooks": "4 cells x 2 repeat(s) = 8 measurements in 1 worker group(s)",
-    "3_workload": "3 cells x 2 repeat(s) = 6 measurements in 1 worker group(s)",
-    "3_isolation": "2 cells x 2 repeat(s) = 4 measurements in 4 worker group(s)",
-    "4_compile": "8 cells x 1 repeat(s) = 8 measurements in 1 worker group(s)",
+    "1_main": "8 cells x 2 repeat(s) = 16 measurements in 1 worker group(s)",
+    "2_timing": "6 cells x 3 repeat(s) = 18 measurements in 1 worker group(s)",
+    "3_hooks": "4 cells x 1 repeat(s) = 4 measurements in 1 worker group(s)",
+    "3_workload": "2 cells x 1 repeat(s) = 2 measurements in 1 worker group(s)",
+    "4_compile": "4 cells x 1 repeat(s) = 4 measurements in 1 worker group(s)",
 }
 
 
@@ -41,7 +41,17 @@ def test_gpu_check_says_it_needs_a_gpu_and_exits_0_without_one(tmp_path):
 def test_every_gpu_check_part_is_run_by_the_script():
     script = (ROOT / "benchmarks" / "gpu_check.sh").read_text()
     assert {p.stem for p in SPECS.glob("*.yaml")} == set(GRIDS)
-    assert all(f"sweep {name} " in script for name in GRIDS)
+    assert all(f"sweep {name}\n" in script for name in GRIDS)
+
+
+def test_the_part_limits_fit_a_lent_gpu_machine():
+    """The device allows 15 minutes in all, its start included: the parts' limits sum to at most 270 s, and the
+    script prints that sum up front."""
+    script = (ROOT / "benchmarks" / "gpu_check.sh").read_text()
+    (parts,) = re.findall(r"^PARTS=\((.*)\)$", script, re.M)
+    limits = {p.split(":")[0]: int(p.split(":")[1]) for p in parts.split()}
+    assert set(GRIDS) | {"0_calibration_path", "1_predict"} == set(limits)
+    assert sum(limits.values()) <= 270 and 'echo "limits sum: $total s"' in script
 
 
 @pytest.mark.parametrize("name", sorted(GRIDS))
@@ -131,5 +141,12 @@ def test_the_summary_sets_world_size_1_cells_beside_the_profile(tmp_path):
 
     lines = gpu_summary.prediction_lines(root, load(root))
     cells = [line for line in lines if line.startswith("| ") and line.endswith("% |")]
-    assert len(cells) == 9 and all(line.endswith("| -9.1% |") for line in cells)  # 1 / 1.1 - 1
-    assert sum(line.startswith("- gas ") and "median |error| 9.1% over 3 cells" in line for line in lines) == 3
+    assert len(cells) == 6 and all(line.endswith("| -9.1% |") for line in cells)  # 1 / 1.1 - 1
+    assert sum(line.startswith("- gas ") and "median |error| 9.1% over 2 cells" in line for line in lines) == 3
+    rows = load(root).assign(mode="ddp", grad_check="exact", grad_rel_error=0.0, grad_tol=1e-7, grad_check_ms=5.0)
+    first = gpu_summary.summary(root).split("\n## ")[1]  # the first section: the one-rank gradient check
+    assert first.startswith("Gradient check at world size 1") and "no DDP measurement was checked" in first
+    assert gpu_summary.grad_check_lines(rows) == [
+        "- tiny hook=none: exact 18; error median 0.00e+00 [0.00e+00, 0.00e+00], tolerance up to 1.00e-07; "
+        "check 5 ms median"
+    ]

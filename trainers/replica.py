@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -36,10 +36,11 @@ class Replica:
     batches: list[tuple[torch.Tensor, ...]]  # one per micro-step, on the device
     world_size: int
     device: torch.device
-    trace: CommTrace | None = None  # trace_comm: the comm hook's record
+    trace: CommTrace | None = None  # the comm hook's record, on the traced steps' own wrapper only
     tokens_per_sample: int | None = None
     group: dist.ProcessGroup | None = None  # the ranks this cell runs on (None: every rank of the world)
     compiled: Compiled | None = None  # compile: the cell's torch.compile state (module is the compiled wrapper)
+    corruption: float = 0.0  # benchmarks only: the planted corruption its hook applies (trainers.hooks.corrupted)
 
 
 def distributed(cfg: StepConfig) -> bool:
@@ -74,8 +75,8 @@ def setup_replica(
     rank, world = (dist.get_rank(group), dist.get_world_size(group)) if distributed(cfg) else (0, 1)
     module: nn.Module = model
     trace = None
-    if cfg.mode == "ddp":
-        module, trace = wrap_ddp(model, cfg, device, world, group, corruption)
+    if cfg.mode == "ddp":  # the timed wrapper never traces (trainers.step.traced_steps wraps its own)
+        module, trace = wrap_ddp(model, replace(cfg, trace_comm=False), device, world, group, corruption)
     elif cfg.mode == "naive":
         for p in model.parameters():  # start from rank 0's weights, as DDP does
             dist.broadcast(p.data, src=0, group=group)
@@ -97,6 +98,7 @@ def setup_replica(
         tokens_per_sample=built.tokens_per_sample,
         group=group,
         compiled=state,
+        corruption=corruption,
     )
 
 

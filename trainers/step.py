@@ -32,6 +32,7 @@ from trainers.replica import (
     replicas_in_sync,
     setup_replica,
     train_step,
+    wrap_ddp,
 )
 from trainers.stats import median_rel_half_width, summarize
 from trainers.timing import Hook, slowed, time_events, time_loop, time_steps, timing_as_run
@@ -126,6 +127,7 @@ def _run_cell(
     setup_ms = (time.perf_counter() - t0) * 1e3
     t0 = time.perf_counter()
     compile_s = compiled.warm_up(lambda: train_step(rep), cfg.warmup_steps, rep.compiled, _agree(rep))
+    warm_for(rep, warmup_seconds(cfg, device) - (time.perf_counter() - t0))
     sync()
     warmup_ms = (time.perf_counter() - t0) * 1e3
     counted = {"collectives_per_step": check_collectives(rep)} if distributed(cfg) else {}
@@ -135,7 +137,7 @@ def _run_cell(
     times, converged, steps = timed_phase(cfg, rep, device, sync, extras.slowdown)
     if rep.compiled:
         counted |= compiled_figures(rep, compile_s, rep.compiled.activity() - activity)
-    traced = summarize_trace(rep.trace) if rep.trace else {}
+    traced = traced_steps(rep, sync) if cfg.trace_comm and cfg.mode == "ddp" else {}
     in_sync, checked = True, GradCheck(OFF)
     if distributed(cfg):
         in_sync = replicas_in_sync(rep.model, device, group)
@@ -155,6 +157,45 @@ def _run_cell(
         said = f"{m.recompiles_timed} recompilation(s) inside the timed steps: their times include compiling"
         m = replace(m, timing_note="; ".join(filter(None, [m.timing_note, said])))
     return m
+
+
+CUDA_WARMUP_S = 1.0  # warmup_s null on CUDA: an idle GPU's clocks come back within about this
+
+
+def warmup_seconds(cfg: StepConfig, device: torch.device) -> float:
+    """The cell's time-based warm-up: warmup_s, or by default CUDA_WARMUP_S on CUDA and none on CPU."""
+    if cfg.warmup_s is not None:
+        return cfg.warmup_s
+    return CUDA_WARMUP_S if device.type == "cuda" else 0.0
+
+
+def warm_for(rep: Replica, seconds: float) -> int:
+    """Untimed steps until `seconds` have passed on every rank (the ranks decide each step alike); returns how
+    many."""
+    agree, t0, steps = _agree(rep), time.perf_counter(), 0
+    while seconds > 0 and agree(time.perf_counter() - t0 < seconds):
+        train_step(rep)
+        steps += 1
+    return steps
+
+
+TRACED_STEPS = 5  # trace_comm: steps traced after the timed ones (medians over them)
+
+
+def traced_steps(rep: Replica, sync: Hook) -> dict:
+    """trace_comm: the cell's step on a wrapper of its own with the tracing hook (the timed wrapper has none, so no
+    Python hook, event or callback runs in a timed step), a warm-up (PowerSGD: until it compresses), then
+    TRACED_STEPS traced steps; their medians (trainers.commtrace)."""
+    module, trace = wrap_ddp(rep.model, rep.cfg, rep.device, rep.world_size, rep.group, rep.corruption)
+    state = None
+    if rep.cfg.compile:
+        module, state = compiled.compile_module(module, rep.cfg)
+    traced = replace(rep, module=module, trace=trace, compiled=state)
+    warm = rep.cfg.powersgd_start_iter if rep.cfg.comm_hook == "powersgd" else 1
+    compiled.warm_up(lambda: train_step(traced), warm, state, _agree(traced))
+    with counting_all_reduce(trace):
+        time_steps(lambda: train_step(traced), TRACED_STEPS, sync, trace.start_step, trace.end_step)
+    return summarize_trace(trace)
 
 
 def _agree(rep: Replica) -> Callable[[bool], bool]:
@@ -231,16 +272,15 @@ def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Calla
     time, the mean step."""
     gather = (lambda t: gather_max(t, device, rep.group)) if distributed(cfg) else (lambda t: t)
     measure = _timer(cfg, rep, device, sync, slowed(lambda: train_step(rep), slowdown, sync))
-    with counting_all_reduce(rep.trace):  # counts only inside traced steps; the gathers use all_gather
-        if cfg.target_rel_ci is None:
-            return gather(measure(cfg.timed_steps)), None, cfg.timed_steps
-        own = measure(min(cfg.timed_steps, cfg.max_timed_steps))  # the first batch is capped too
-        while True:
-            times = gather(own)
-            converged = median_rel_half_width(times) <= cfg.target_rel_ci
-            if converged or len(times) >= cfg.max_timed_steps or sum(times) / 1e3 >= cfg.max_cell_s:
-                return times, converged, len(times)
-            own += measure(min(cfg.timed_steps, cfg.max_timed_steps - len(own)))
+    if cfg.target_rel_ci is None:
+        return gather(measure(cfg.timed_steps)), None, cfg.timed_steps
+    own = measure(min(cfg.timed_steps, cfg.max_timed_steps))  # the first batch is capped too
+    while True:
+        times = gather(own)
+        converged = median_rel_half_width(times) <= cfg.target_rel_ci
+        if converged or len(times) >= cfg.max_timed_steps or sum(times) / 1e3 >= cfg.max_cell_s:
+            return times, converged, len(times)
+        own += measure(min(cfg.timed_steps, cfg.max_timed_steps - len(own)))
 
 
 def _timer(cfg: StepConfig, rep: Replica, device: torch.device, sync: Hook, step: Hook) -> Callable[[int], list[float]]:
@@ -250,8 +290,7 @@ def _timer(cfg: StepConfig, rep: Replica, device: torch.device, sync: Hook, step
         return lambda n: time_events(step, n, device)
     if method == "loop":
         return lambda n: time_loop(step, n, sync)
-    around = (rep.trace.start_step, rep.trace.end_step) if rep.trace else (lambda: None, lambda: None)
-    return lambda n: time_steps(step, n, sync, *around)
+    return lambda n: time_steps(step, n, sync)
 
 
 def _measurement(
