@@ -1,23 +1,25 @@
-"""The gradient check (trainers.gradcheck), measured on this machine in three parts, each a real sweep on the
+"""The gradient check (trainers.gradcheck), measured on this machine in four parts; parts 1-3 are real sweeps on the
 embedded Ray (gloo, 2 workers, one thread each):
 
-1. The smoke spec with `comm_hook: [none, fp16, powersgd]`: the verdict of every DDP measurement by hook, each
-   hook's relative gradient error (median and range), and what the check cost: the sum of its time over the
-   sweep's measurements, as a share of the sweep's wall time (the `ddpsweep run` command, Ray's start included)
-   and of the measurements' own time (`trial_wall_s`).
-2. The shipped recsys example (sweeps/specs/recsys.yaml, buckets 0.25 and 25 MB, one round) with the same hooks:
-   the error by hook for a workload that is not GPT-shaped.
-3. A planted corruption, `--runs` times: DDPSWEEP_CORRUPT scales the all-reduced buckets of one exact cell by
-   1 + 1e-4 on every rank (the best bucket of part 1's gas-1 curve). Per run: its verdict, whether its replicas
-   stayed in sync, and whether `recommend` left it out with the reason.
+1. GPU nondeterminism emulated: the smoke spec with `comm_hook: [none, fp16]` and DDPSWEEP_JITTER=*=1e-3 (every
+   backward of every cell adds independent relative noise of 1e-3 to each attention block's input gradient, a
+   new draw per call and rank): the verdict of every DDP measurement by hook, with its error and bound.
+2. The same with a planted corruption of 1e-4 on one exact cell as well (DDPSWEEP_CORRUPT), `--runs` times: its
+   verdict, whether its replicas stayed in sync, and whether `recommend` left it out with the reason.
+3. The check's cost: the smoke spec with `grad_check: true` and `false`, interleaved (on, off, off, on, ...):
+   the `ddpsweep run` command's wall time (Ray's start included), each pair's ratio and their median.
+4. The check's host memory on gpt2-124m at one micro-step (1 x 64 tokens, one process, gloo world of one): the
+   peak resident memory of the check step beyond a plain step of the same model and the fp64 accumulator.
 
-    python benchmarks/grad_check.py [--runs 3] [--out DIR]
+    python benchmarks/grad_check.py [--runs 3] [--pairs 2] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,8 +37,8 @@ from results.store import load  # noqa: E402
 from sweeps.grid import expand  # noqa: E402
 from sweeps.spec import spec_from_dict  # noqa: E402
 
-HOOKS = ["none", "fp16", "powersgd"]
-CORRUPTION = 1e-4
+HOOKS = ["none", "fp16"]
+JITTER, CORRUPTION = 1e-3, 1e-4
 
 
 def sweep(out: Path, spec: dict, sweep_id: str, env: dict | None = None) -> tuple[pd.DataFrame, float]:
@@ -52,80 +54,146 @@ def sweep(out: Path, spec: dict, sweep_id: str, env: dict | None = None) -> tupl
 
 
 def by_hook(rows: pd.DataFrame) -> pd.DataFrame:
-    ddp = rows[(rows["mode"] == "ddp") & (rows["status"] == "ok")]
+    ddp = rows[(rows["mode"] == "ddp") & (rows["status"] == "ok") & rows["grad_check"].notna()]
     return ddp.groupby("comm_hook").agg(
-        measurements=("grad_check", "size"),
+        checks=("grad_check", "size"),
         verdicts=("grad_check", lambda v: ", ".join(f"{k} {n}" for k, n in v.value_counts().items())),
         error_median=("grad_rel_error", "median"),
-        error_min=("grad_rel_error", "min"),
         error_max=("grad_rel_error", "max"),
-        tol_max=("grad_tol", "max"),
+        tol_min=("grad_tol", "min"),
         in_sync=("replicas_in_sync", "all"),
     )
 
 
-def part1(out: Path) -> pd.DataFrame:
-    spec = yaml.safe_load((ROOT / "sweeps/specs/smoke.yaml").read_text()) | {"comm_hook": HOOKS, "cluster": "gc"}
-    rows, wall = sweep(out, spec, "smoke-hooks")
-    print(f"1. smoke spec x comm_hook {HOOKS}: {len(rows)} measurements, {wall:.0f} s")
-    print(by_hook(rows).to_string(float_format=lambda x: f"{x:.2e}"))
-    checked = rows["grad_check_ms"].dropna()
-    spent = checked.sum() / 1e3
-    measured = rows["trial_wall_s"].sum()
-    print(
-        f"   check cost: {spent:.1f} s over {len(checked)} checks (median {checked.median():.0f} ms): "
-        f"{spent / wall:.1%} of the sweep's wall time, {spent / measured:.1%} of the measurements' own time"
-    )
-    return rows
+def smoke(**extra) -> dict:
+    return yaml.safe_load((ROOT / "sweeps/specs/smoke.yaml").read_text()) | {"cluster": "gc"} | extra
 
 
-def part2(out: Path) -> None:
-    spec = yaml.safe_load((ROOT / "sweeps/specs/recsys.yaml").read_text())
-    spec |= {"comm_hook": HOOKS, "bucket_cap_mb": [0.25, 25], "repeats": 1, "cluster": "gc"}
-    rows, wall = sweep(out, spec, "recsys-hooks")
-    print(f"\n2. recsys example x comm_hook {HOOKS}, buckets 0.25 and 25 MB, 1 round: {wall:.0f} s")
+def part1(out: Path) -> None:
+    rows, wall = sweep(out, smoke(comm_hook=HOOKS), "jitter", {"DDPSWEEP_JITTER": f"*={JITTER}"})
+    print(f"1. smoke spec x comm_hook {HOOKS}, DDPSWEEP_JITTER=*={JITTER:g}: {len(rows)} measurements, {wall:.0f} s")
     print(by_hook(rows).to_string(float_format=lambda x: f"{x:.2e}"))
 
 
-def best_gas1_bucket(rows: pd.DataFrame) -> float:
-    ddp = rows[(rows["mode"] == "ddp") & (rows["comm_hook"] == "none") & (rows["gas"] == 1)]
-    return float(ddp.groupby("bucket_cap_mb")["step_ms"].median().idxmin())
-
-
-def part3(out: Path, runs: int, bucket: float) -> None:
-    spec = yaml.safe_load((ROOT / "sweeps/specs/smoke.yaml").read_text()) | {"gas": [1], "cluster": "gc"}
-    target = next(
-        c for c in expand(spec_from_dict(spec, "gc")) if c.step.mode == "ddp" and c.step.bucket_cap_mb == bucket
-    )
-    print(f"\n3. planted corruption (x{1 + CORRUPTION:g} on every rank) on the {bucket:g} MB cell, {runs} runs:")
+def part2(out: Path, runs: int) -> None:
+    spec = smoke(gas=[1])
+    target = next(c for c in expand(spec_from_dict(spec, "gc")) if c.step.mode == "ddp" and c.step.bucket_cap_mb == 25)
+    env = {"DDPSWEEP_JITTER": f"*={JITTER}", "DDPSWEEP_CORRUPT": f"{target.cell_id}={CORRUPTION}"}
+    print(f"\n2. jitter {JITTER:g} everywhere, corruption x{1 + CORRUPTION:g} on the 25 MB cell, {runs} runs:")
     caught = 0
     for i in range(runs):
-        rows, _ = sweep(out, spec, f"corrupt-{i}", {"DDPSWEEP_CORRUPT": f"{target.cell_id}={CORRUPTION}"})
-        mine = rows[rows["cell_id"] == target.cell_id]
+        rows, _ = sweep(out, spec, f"corrupt-{i}", env)
+        mine, others = rows[rows["cell_id"] == target.cell_id], rows[(rows["cell_id"] != target.cell_id)]
         (rec,) = recommend(rows)
-        left = [c for c in rec["excluded"] if c["bucket_cap_mb"] == bucket]
-        ok = set(mine["grad_check"]) == {"failed"} and bool(mine["replicas_in_sync"].all()) and bool(left)
-        ok &= rec["best"]["bucket_cap_mb"] != bucket and rec["recommended"]["bucket_cap_mb"] != bucket
-        caught += ok
+        left = [c for c in rec["excluded"] if c["bucket_cap_mb"] == 25]
+        exact = set(others.loc[others["mode"] == "ddp", "grad_check"].dropna())
+        ok = set(mine["grad_check"].dropna()) == {"failed"} and bool(mine["replicas_in_sync"].all()) and bool(left)
+        caught += ok and exact == {"exact"}
         print(
-            f"   run {i + 1}: verdicts {sorted(set(mine['grad_check']))}, replicas in sync "
-            f"{bool(mine['replicas_in_sync'].all())}, error {mine['grad_rel_error'].median():.2e} vs tolerance "
-            f"{mine['grad_tol'].max():.2e}; recommend: best {rec['best']['bucket_cap_mb']:g} MB, "
-            f"left out: {left[0]['reason'] if left else 'nothing'}"
+            f"   run {i + 1}: corrupted cell {sorted(set(mine['grad_check'].dropna()))} (error "
+            f"{mine['grad_rel_error'].max():.2e} vs {mine['grad_tol'].max():.2e}), in sync "
+            f"{bool(mine['replicas_in_sync'].all())}; the other DDP cells {sorted(exact)}; recommend left out: "
+            f"{left[0]['reason'] if left else 'nothing'}"
         )
-    print(f"   caught and left out in {caught} of {runs} runs")
+    print(f"   caught, left out, the rest exact: {caught} of {runs} runs")
+
+
+def part3(out: Path, pairs: int) -> None:
+    order = [flag for i in range(pairs) for flag in ((True, False) if i % 2 == 0 else (False, True))]
+    walls: dict[bool, list[float]] = {True: [], False: []}
+    spent = []
+    for i, flag in enumerate(order):
+        rows, wall = sweep(out, smoke(grad_check=flag), f"cost-{i}-{'on' if flag else 'off'}")
+        walls[flag].append(wall)
+        if flag:
+            spent.append(rows["grad_check_ms"].dropna().sum() / 1e3 / wall)
+    ratios = [on / off for on, off in zip(walls[True], walls[False], strict=True)]
+    print(
+        f"\n3. the check's cost on the smoke spec, {pairs} interleaved pairs "
+        f"(order {['on' if f else 'off' for f in order]}):"
+    )
+    print(
+        f"   wall with the check: {[f'{w:.1f}' for w in walls[True]]} s; "
+        f"without: {[f'{w:.1f}' for w in walls[False]]} s"
+    )
+    print(f"   with / without per pair: {[f'{r:.3f}' for r in ratios]}; median {statistics.median(ratios):.3f}")
+    print(f"   the checks' own time as a share of the wall: {[f'{s:.2%}' for s in spent]}")
+
+
+def _kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field))
+
+
+def _peak_of(fn) -> int:
+    """Peak resident memory above the resident memory at the start of fn(), bytes (VmHWM reset first)."""
+    import gc
+
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    start = _kib("VmRSS:")
+    fn()
+    return (_kib("VmHWM:") - start) * 1024
+
+
+def part4(out: Path) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from trainers import gradcheck
+    from trainers.config import StepConfig
+    from trainers.replica import forward_backward, setup_replica
+    from trainers.step import check_batches, check_gradient
+
+    torch.set_num_threads(2)
+    dist.init_process_group("gloo", init_method=f"file://{out}/pg", rank=0, world_size=1)
+    cfg = StepConfig(model="gpt2-124m", micro_batch=1, seq_len=64, warmup_steps=0, timed_steps=1)
+    rep = setup_replica(cfg, torch.device("cpu"))
+    same = dataclasses.replace(rep, batches=check_batches(rep))  # the check step's batches, without the check
+    forward_backward(same)  # first allocations done
+    rep.opt.zero_grad(set_to_none=True)
+    plains, checks, checked = [], [], []
+    for _ in range(3):  # interleaved; glibc's reuse of freed pages moves a single figure by ~100 MiB
+        plains.append(_peak_of(lambda: (forward_backward(same), rep.opt.zero_grad(set_to_none=True))))
+        checks.append(_peak_of(lambda: checked.append(check_gradient(rep, None, lambda: None))))
+    plain, check = statistics.median(plains), statistics.median(checks)
+    n = sum(p.numel() for p in rep.model.parameters())
+    accumulators = n * 8  # bytes: one fp64 sum per element (gas 1 needs no sum of |g|)
+    extra = check - plain - accumulators
+    print(f"\n4. host memory on gpt2-124m ({n / 1e6:.1f} M parameters), 1 x 64 tokens, one micro-step:")
+    print(
+        f"   peak above start, median of 3 interleaved: the same step without the check {plain / 2**20:.0f} MiB, check "
+        f"{check / 2**20:.0f} MiB; fp64 accumulator {accumulators / 2**20:.0f} MiB"
+    )
+    print(
+        f"   the check beyond a plain step and its accumulator: "
+        f"{extra / 2**20:.0f} MiB (bound: 2 x {gradcheck.CHUNK_BYTES // 2**20} MiB)"
+    )
+    print(
+        f"   verdict {checked[0].grad_check}, error {checked[0].grad_rel_error:.1e}, "
+        f"check {checked[0].grad_check_ms:.0f} ms"
+    )
+    dist.destroy_process_group()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=3, help="planted-corruption runs")
+    ap.add_argument("--pairs", type=int, default=2, help="interleaved on/off pairs for the cost")
+    ap.add_argument("--parts", default="1234", help="which parts to run")
     ap.add_argument("--out", type=Path, default=None, help="keep the store here (default: a temporary folder)")
     args = ap.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="grad-check-"))
     out.mkdir(parents=True, exist_ok=True)
-    rows = part1(out)
-    part2(out)
-    part3(out, args.runs, best_gas1_bucket(rows))
+    for part, run in (
+        ("1", lambda: part1(out)),
+        ("2", lambda: part2(out, args.runs)),
+        ("3", lambda: part3(out, args.pairs)),
+        ("4", lambda: part4(out)),
+    ):
+        if part in args.parts:
+            run()
 
 
 if __name__ == "__main__":

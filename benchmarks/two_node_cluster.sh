@@ -10,7 +10,8 @@
 # 169.254.77.1 and .2 (link-local, /30: only these two addresses) and no default route: nothing can
 # leave the pair. Each end's egress is shaped with tc tbf to RATE, so every byte between the nodes
 # crosses a link of known speed, while ranks on the same node talk over their namespace's loopback.
-# Node A runs the Ray head, node B a worker node; gloo is pointed at ddp0 (GLOO_SOCKET_IFNAME).
+# Node A runs the Ray head, node B a worker node; every rank binds gloo to ddp0, the interface holding its
+# node's IP (sweeps.bind), with no GLOO_SOCKET_IFNAME set.
 # `up` tears everything down again if any step fails; `down` is safe to run at any time.
 set -euo pipefail
 
@@ -26,7 +27,7 @@ PY=${PYTHON:-python}
 
 in_ns() {
   local ns=$1; shift
-  ip netns exec "$ns" env GLOO_SOCKET_IFNAME=ddp0 RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled "$@"
+  ip netns exec "$ns" env RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled "$@"
 }
 
 ray_start() {  # ns tmp ray-start-args...

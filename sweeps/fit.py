@@ -15,7 +15,8 @@ from ray.util.queue import Queue
 from sweeps.backend import TorchBackendConfig
 from sweeps.controller import start_callbacks
 from sweeps.grid import Group
-from sweeps.options import TrialOptions, placement_for, worker_resources
+from sweeps.options import TrialOptions, node_selectors, pinned, placement_for, worker_resources
+from sweeps.preflight import nodes_fitting
 
 # Propagated by Ray Train from its driver (this task) to the controller and workers.
 TRAIN_ENV = {
@@ -56,6 +57,7 @@ def build_trainer(group: Group, opts: TrialOptions, outbox: Queue, inbox: Queue 
             use_gpu=opts.use_gpu,
             resources_per_worker=resources,
             placement_strategy=placement_for(cell, opts.placement),
+            label_selector=_selectors(group, opts),
         ),
         backend_config=TorchBackendConfig(backend=opts.backend, timeout_s=int(opts.collective_timeout_s)),
         run_config=RunConfig(
@@ -66,6 +68,14 @@ def build_trainer(group: Group, opts: TrialOptions, outbox: Queue, inbox: Queue 
             callbacks=start_callbacks(outbox),  # the group's start in parts (sweeps.startmarks)
         ),
     )
+
+
+def _selectors(group: Group, opts: TrialOptions) -> list[dict[str, str]] | None:
+    """`n×k` (n, k > 1): each rank pinned to one of n nodes, k on each (sweeps.options.node_selectors); else None."""
+    cell = group.first
+    if not pinned(cell, opts.placement):
+        return None
+    return node_selectors(cell, nodes_fitting(opts.cpus_per_worker, opts.use_gpu))
 
 
 def fit_group(group: Group, opts: TrialOptions, outbox: Queue, inbox: Queue | None = None) -> None:

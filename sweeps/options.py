@@ -46,8 +46,31 @@ def worker_resources(opts: TrialOptions) -> dict[str, float]:
 
 
 def placement_for(cell: Cell, requested: str) -> str:
+    """The Ray strategy of the cell's placement group: one node STRICT_PACK, one rank per node STRICT_SPREAD;
+    `n×k` with k > 1 PACK, with each rank's bundle pinned to its node (`node_selectors`)."""
     if requested != "auto":
         return requested
     if cell.num_nodes == 1:
         return "STRICT_PACK"
     return "STRICT_SPREAD" if cell.workers_per_node == 1 else "PACK"
+
+
+NODE_ID_LABEL = "ray.io/node-id"  # the label Ray gives every node: its id
+
+
+def pinned(cell: Cell, requested: str) -> bool:
+    """Whether the cell's ranks are pinned to nodes: `n×k` with n, k > 1, where no strategy alone places k ranks
+    on each of n nodes (PACK fills one node first; STRICT_SPREAD allows one rank per node)."""
+    return cell.num_nodes > 1 and cell.workers_per_node > 1 and placement_for(cell, requested) != "STRICT_SPREAD"
+
+
+def node_selectors(cell: Cell, nodes: list[tuple[str, int]]) -> list[dict[str, str]]:
+    """One label selector per rank, k ranks on each of the cell's n nodes: the first n of `nodes` ((node id,
+    ranks it fits), best first) that fit k. Ray Train orders ranks by node, so ranks 0..k-1 share a node."""
+    fitting = [node for node, fits in nodes if fits >= cell.workers_per_node][: cell.num_nodes]
+    if len(fitting) < cell.num_nodes:
+        raise ValueError(
+            f"topology {cell.topology} needs {cell.workers_per_node} rank(s) on each of {cell.num_nodes} nodes; "
+            f"{len(fitting)} node(s) fit that"
+        )
+    return [{NODE_ID_LABEL: node} for node in fitting for _ in range(cell.workers_per_node)]

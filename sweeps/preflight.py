@@ -44,6 +44,18 @@ class ClusterResources:
         return f"{len(self.nodes)} node(s): " + ", ".join(f"{c:g} CPU/{g:g} GPU" for c, g in self.nodes)
 
 
+def nodes_fitting(cpus: float, use_gpu: bool) -> list[tuple[str, int]]:
+    """The alive nodes of the connected cluster as (node id, ranks of `cpus` (+ 1 GPU) it fits), most first."""
+    import ray
+
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    fits = [
+        (n["NodeID"], _workers_fitting((n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0)), cpus, use_gpu))
+        for n in alive
+    ]
+    return sorted(fits, key=lambda f: (-f[1], f[0]))
+
+
 def _workers_fitting(node: tuple[float, float], cpus: float, use_gpu: bool) -> int:
     cpu, gpu = node
     fit = int((cpu + 1e-9) // cpus) if cpus > 0 else 10**9

@@ -116,3 +116,50 @@ def link_rate(calibration) -> tuple[float, float]:
     ar = calibration[(calibration["kind"] == "all_reduce") & (calibration["num_nodes"] == 2)]
     (row,) = ar[ar["size_bytes"] == ar["size_bytes"].max()].itertuples()
     return row.busbw_gbps, row.busbw_gbps * row.time_ms / min(row.times_ms)
+
+
+OFF_LINK = {"ddps-a": "10.77.0.1", "ddps-b": "10.77.0.2"}  # one address per node that the other cannot reach
+NODE_IPS = {"ddps-a": "169.254.77.1", "ddps-b": "169.254.77.2"}
+
+
+def gloo_pair(how: str) -> list[str]:
+    """Both ranks of tests/gloo_pair.py, one per node, without GLOO_SOCKET_IFNAME; their last lines."""
+    procs = []
+    for rank, ns in enumerate(NODE_IPS):
+        cmd = [
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            "env",
+            "-u",
+            "GLOO_SOCKET_IFNAME",
+            sys.executable,
+            str(ROOT / "tests/gloo_pair.py"),
+        ]
+        procs.append(
+            subprocess.Popen(
+                [*cmd, str(rank), NODE_IPS[ns], "169.254.77.1:29611", how], stdout=subprocess.PIPE, text=True
+            )
+        )
+    return [p.communicate(timeout=120)[0].strip().splitlines()[-1] for p in procs]
+
+
+def test_gloo_groups_bind_to_the_interface_of_the_nodes_ip(two_nodes):
+    """The hostname resolves to an address off the link between the nodes (as on clusters whose hostname is
+    loopback or another network): gloo's own choice cannot connect the two nodes, the bound one can."""
+    hosts = {ns: Path(f"/etc/netns/{ns}/hosts") for ns in NODE_IPS}
+    saved = {ns: h.read_text() for ns, h in hosts.items()}
+    try:
+        for ns, ip in OFF_LINK.items():
+            subprocess.run(["ip", "-n", ns, "link", "add", "ddp1", "type", "dummy"], check=True)
+            subprocess.run(["ip", "-n", ns, "addr", "add", f"{ip}/32", "dev", "ddp1"], check=True)
+            subprocess.run(["ip", "-n", ns, "link", "set", "ddp1", "up"], check=True)
+            hosts[ns].write_text(f"127.0.0.1 localhost\n{ip} {os.uname().nodename}\n")
+        unbound = gloo_pair("nobind")
+        assert all(line.startswith("error") for line in unbound), unbound
+        assert gloo_pair("bind") == ["sum 3.0", "sum 3.0"]
+    finally:
+        for ns, text in saved.items():
+            hosts[ns].write_text(text)
+            subprocess.run(["ip", "-n", ns, "link", "delete", "ddp1"], check=False)

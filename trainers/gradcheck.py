@@ -109,7 +109,7 @@ class Capture:
         def hook(grad: torch.Tensor) -> None:
             self.calls[i] += 1
             flat = grad.detach().reshape(-1)
-            for s in _slices(flat.numel(), CHUNK_BYTES // 8):  # no full-size temporary
+            for s in _slices(flat.numel(), SLICE):  # no full-size temporary
                 self.sums[i][s].add_(flat[s])
                 if self.mags is not None:
                     self.mags[i][s].add_(flat[s].abs())
@@ -127,7 +127,7 @@ class Capture:
     def magnitude(self) -> float:
         """||sum_m |g_m||| over every parameter, this rank's."""
         parts = self.mags if self.mags is not None else self.sums
-        return math.sqrt(sum(float(t.square().sum()) for t in parts))
+        return math.sqrt(sum(float(t.dot(t)) for t in parts))
 
 
 def _chunks(sizes: list[int], elements: int) -> Iterator[list[tuple[int, slice]]]:
@@ -147,22 +147,49 @@ def _chunks(sizes: list[int], elements: int) -> Iterator[list[tuple[int, slice]]
         yield chunk
 
 
+SLICE = 2**20  # elements: the most the check converts or compares at once (8 MB in fp64)
+
+
+def _gather(parts: list[torch.Tensor], chunk: list[tuple[int, slice]], out: torch.Tensor) -> torch.Tensor:
+    """The chunk's pieces of `parts`, copied in order into `out` (fp64, on the CPU): no temporary of their size."""
+    at = 0
+    for i, s in chunk:
+        n = s.stop - s.start
+        out[at : at + n].copy_(parts[i][s])
+        at += n
+    return out[:at]
+
+
+def _error2(produced: list[torch.Tensor], chunk: list[tuple[int, slice]], ref: torch.Tensor) -> float:
+    """||produced - ref||^2 over the chunk, a SLICE at a time."""
+    total, at = 0.0, 0
+    for i, s in chunk:
+        for sub in _slices(s.stop - s.start, SLICE):
+            got = produced[i][s.start + sub.start : s.start + sub.stop].to("cpu", torch.float64, copy=True)
+            got.sub_(ref[at + sub.start : at + sub.stop])
+            total += float(got.dot(got))
+        at += s.stop - s.start
+    return total
+
+
 def judge(capture: Capture, group: dist.ProcessGroup | None, world: int) -> tuple[float, float, float]:
     """(max over ranks of ||produced - ref||^2, ||ref||^2, (1/W) sum_r magnitude_r): the fp64 sum over the ranks
-    of `group` in chunks on the CPU (a collective over `group`: every rank calls it; none for a world of one)."""
+    of `group` in chunks of at most CHUNK_BYTES on the CPU, one buffer (a collective over `group`: every rank
+    calls it; none for a world of one)."""
     produced = [
         torch.zeros(p.numel(), dtype=torch.float32, device=p.device) if p.grad is None else p.grad.detach().reshape(-1)
         for p in capture.params
     ]
+    elements = CHUNK_BYTES // 8
+    buffer = torch.empty(elements, dtype=torch.float64)
     err2 = ref2 = 0.0
-    for chunk in _chunks([s.numel() for s in capture.sums], CHUNK_BYTES // 8):
-        ref = torch.cat([capture.sums[i][s].cpu() for i, s in chunk])
+    for chunk in _chunks([s.numel() for s in capture.sums], elements):
+        ref = _gather(capture.sums, chunk, buffer)
         if world > 1:
             dist.all_reduce(ref, group=group)
         ref /= world
-        got = torch.cat([produced[i][s].cpu() for i, s in chunk]).double()
-        err2 += float((got - ref).square().sum())
-        ref2 += float(ref.square().sum())
+        err2 += _error2(produced, chunk, ref)
+        ref2 += float(ref.dot(ref))
     small = torch.tensor([err2, capture.magnitude()], dtype=torch.float64)
     if world > 1:
         every = [torch.zeros_like(small) for _ in range(world)]
