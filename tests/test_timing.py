@@ -89,7 +89,6 @@ def test_events_fall_back_to_sync_on_cpu_and_loop_reports_one_mean(tmp_path):
     [
         ({"timing": "cuda"}, "one of sync, events, loop"),
         ({"timing": "loop", "target_rel_ci": 0.05}, "needs per-step times"),
-        ({"timing": "events", "trace_comm": True}, "sync with trace_comm"),
     ],
 )
 def test_timing_that_cannot_work_is_refused_naming_the_field(changes, fix):

@@ -81,8 +81,6 @@ class StepConfig(_StepKnobs):
     def _check_timing(self) -> None:
         if self.timing == "loop" and self.target_rel_ci is not None:
             raise ConfigError("timing", self.timing, "sync or events with target_rel_ci (it needs per-step times)")
-        if self.timing != "sync" and self.trace_comm and self.mode == "ddp":
-            raise ConfigError("timing", self.timing, "sync with trace_comm (the trace reads each step after a sync)")
 
     def _normalize(self) -> None:
         """Knobs that do not apply to the cell read their `off` value (in table order: a knob's rule may read
