@@ -17,6 +17,7 @@ from trainers.replica import (
     replicas_in_sync,
     setup_replica,
     train_step,
+    wrap_ddp,
 )
 from trainers.step import run_cell
 
@@ -249,8 +250,10 @@ def traced_and_plain(rank: int, cfg: StepConfig):
     """Parameters after one step with the tracing hook and without, and the traced measurement."""
     plain = setup_replica(cfg, CPU)
     train_step(plain)
-    traced = setup_replica(dataclasses.replace(cfg, trace_comm=True), CPU)
-    train_step(traced)
+    traced = setup_replica(cfg, CPU)
+    module, trace = wrap_ddp(traced.model, dataclasses.replace(cfg, trace_comm=True), CPU, traced.world_size)
+    assert trace is not None and len(module._comm_hooks) == 1  # the tracing hook, as trace_comm's steps run it
+    train_step(dataclasses.replace(traced, module=module))
     same = all(torch.equal(a, b) for a, b in zip(plain.model.parameters(), traced.model.parameters(), strict=True))
     return same, run_cell(dataclasses.replace(cfg, trace_comm=True), CPU, num_threads=1)
 
@@ -279,3 +282,43 @@ def test_a_user_workload_measures_samples_and_keeps_replicas_in_sync(tmp_path):
     assert rank0.tokens_per_s is None  # the workload gives no tokens_per_sample
     assert rank0.samples_per_s == pytest.approx(2 * 8 / (rank0.step_ms / 1e3))
     assert rank0.num_buckets >= 1
+
+
+def hooks_and_warmup(rank: int, cfg: StepConfig) -> tuple[int, bool, float]:
+    """(comm hooks on the timed wrapper of a traced cell, whether it traced, its warm-up in ms)."""
+    rep = setup_replica(dataclasses.replace(cfg, trace_comm=True), CPU)
+    m = run_cell(dataclasses.replace(cfg, trace_comm=True), CPU, num_threads=1)
+    return len(rep.module._comm_hooks), rep.trace is None and (m is None or m.comm_ms > 0), m and m.warmup_ms
+
+
+def test_the_timed_wrapper_never_traces_and_warm_up_lasts_warmup_s(tmp_path):
+    """trace_comm traces on a wrapper of its own after the timed steps (the timed one has no hook: no Python
+    callback or event inside a timed step), with any timing; warmup_s keeps warming up until that much time."""
+    cfg = dataclasses.replace(BASE, bucket_cap_mb=0.25, timing="loop", warmup_s=0.6)
+    (hooks0, traced0, warm0), (hooks1, traced1, _) = run_world(hooks_and_warmup, 2, tmp_path, cfg)
+    assert (hooks0, hooks1) == (0, 0) and traced0 and traced1
+    assert warm0 >= 600
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_memory_returns_to_the_groups_baseline_after_each_cell(tmp_path):
+    """Packed cells on one GPU (a gloo world of one, as the gradient check's group is): after each cell's release
+    the allocated memory is the baseline taken before the first, to the byte; the peak includes the check."""
+    import torch.distributed as dist
+
+    import trainers.step as step
+
+    cuda = torch.device("cuda", 0)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        cfg = dataclasses.replace(BASE, model="small", micro_batch=2, seq_len=64)
+        template = build_model(cfg, cuda)
+        baseline = torch.cuda.memory_allocated(cuda)
+        for bucket in (0.05, 1.0, 25.0, 0.05):
+            m = step.run_cell(dataclasses.replace(cfg, bucket_cap_mb=bucket), cuda, 1, template=template)
+            step.release(cuda)
+            assert torch.cuda.memory_allocated(cuda) == baseline, bucket
+            assert m.grad_check == "exact" and m.peak_mem_bytes > baseline
+    finally:
+        dist.destroy_process_group()
