@@ -37,6 +37,7 @@ class Knob:
     kind: str
     default: Any
     scope: str
+    choices: tuple = ()
     lo: float | None = None
     hi: float | None = None
     older_rows: Any = UNSET
@@ -71,7 +72,7 @@ def table_path() -> Path:
 
 _READ = {f.name for f in fields(Knob)}  # of each entry, what results keeps
 KNOBS: tuple[Knob, ...] = tuple(
-    Knob(**{k: v for k, v in entry.items() if k in _READ})
+    Knob(**{k: tuple(v) if k == "choices" else v for k, v in entry.items() if k in _READ})
     for entry in json.loads(table_path().read_text(encoding="utf-8"))["knobs"]
 )
 BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS}

@@ -4,17 +4,21 @@ line as the sweep measured it (`results.recommend` sets it beside every curve's 
 
 from __future__ import annotations
 
+import re
 import shlex
 
 from results import identity
 
+ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*")  # a variable's name (results.reader drops rows with any other)
 FIRST = ("bucket_cap_mb", "gradient_as_bucket_view")  # always written; DDP's other keywords only off their default
 
 
 def snippet(cfg: dict, gas: int, env: dict[str, str], *, cuda: bool = True) -> str:
     """The code to paste: DDP's keyword arguments (device_ids only on CUDA: DDP must not get them on CPU), the
-    no_sync pattern where it wins, environment variables (shell-quoted: pasting runs nothing)."""
-    lines = [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(env.items())]
+    no_sync pattern where it wins, environment variables. Stored rows are data, never code: a variable's name is
+    written only when it is a name (the reader drops rows with any other), its value shell-quoted, every Python
+    value with repr(), numbers through a number format."""
+    lines = [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(env.items()) if ENV_NAME.fullmatch(k)]
     if lines:
         lines.append("")
     kwargs = ["device_ids=[local_rank]"] if cuda else []
@@ -48,7 +52,7 @@ def _compile_mode_lines(cfg: dict) -> list[str]:
     """Before wrapping: DDP reads optimize_ddp when it is constructed (the Python reducer) and when it compiles."""
     if not cfg.get("compile"):
         return []
-    lines = [f'torch._dynamo.config.optimize_ddp = "{cfg["optimize_ddp"]}"']
+    lines = [f"torch._dynamo.config.optimize_ddp = {cfg['optimize_ddp']!r}"]
     if cfg["optimize_ddp"] == "python_reducer":
         lines.append("torch._dynamo.config.compiled_autograd = True  # the Python reducer needs compiled autograd")
     return lines
@@ -58,8 +62,8 @@ def _compile_lines(cfg: dict) -> list[str]:
     """After wrapping: compile the DDP-wrapped model (PyTorch's documented order)."""
     if not cfg.get("compile"):
         return []
-    args = [f'backend="{cfg["compile_backend"]}"'] if cfg["compile_backend"] != "inductor" else []
-    args += [f'mode="{cfg["compile_mode"]}"'] if cfg["compile_mode"] not in (None, "default") else []
+    args = [f"backend={cfg['compile_backend']!r}"] if cfg["compile_backend"] != "inductor" else []
+    args += [f"mode={cfg['compile_mode']!r}"] if cfg["compile_mode"] not in (None, "default") else []
     line = f"model = torch.compile({', '.join(['model', *args])})"
     if cfg["optimize_ddp"] == "python_reducer":
         line += "  # call loss.backward() inside a torch.compile'd function, or within"
@@ -80,7 +84,8 @@ def _hook_lines(cfg: dict) -> list[str]:
         return [
             f"# changes the numerics: rank-{cfg['powersgd_rank']} PowerSGD with error feedback",
             f"from {hooks} import powerSGD_hook as powerSGD",
-            f"state = powerSGD.PowerSGDState(process_group=None, matrix_approximation_rank={cfg['powersgd_rank']}, "
+            "state = powerSGD.PowerSGDState(process_group=None, "
+            f"matrix_approximation_rank={int(cfg['powersgd_rank'])}, "
             "start_powerSGD_iter=1000)  # PyTorch's advice: a plain warm-up first",
             "model.register_comm_hook(state, powerSGD.powerSGD_hook)",
         ]

@@ -12,6 +12,7 @@ Guarantees, whatever reads the store (CLI, HTTP server, compaction):
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -27,6 +28,7 @@ import pyarrow.parquet as pq
 
 from results.errors import TooLarge
 from results.knobs import KNOBS
+from results.paste import ENV_NAME
 from results.schema import SCHEMA, conform_to
 
 log = logging.getLogger(__name__)
@@ -219,6 +221,11 @@ def _configuration_possible(table: pa.Table) -> pa.ChunkedArray | pa.Array:
     for knob in KNOBS:
         if knob.kind in ("int", "float") and knob.name in table.column_names:
             ok = pc.and_(ok, _within(table[knob.name], knob.lo, knob.hi))
+        if knob.kind == "choice" and knob.name in table.column_names:
+            ok = pc.and_(ok, _one_of(table[knob.name], knob.choices + ROW_ONLY.get(knob.name, ())))
+    for column in ("env", "env_grid"):
+        if column in table.column_names:
+            ok = pc.and_(ok, _variables_ok(table[column]))
     if "step_times_ms" in table.column_names:
         ok = pc.and_(ok, _times_real(table["step_times_ms"], table["status"]))
     return ok
@@ -232,6 +239,31 @@ def _within(column: pa.ChunkedArray, lo: float | None, hi: float | None) -> pa.C
     if hi is not None:
         good = pc.and_(good, pc.less_equal(column, hi))
     return pc.or_kleene(pc.is_null(column), good).fill_null(False)
+
+
+ROW_ONLY = {"backend": ("none",)}  # what rows record beside a knob's choices: a single cell has no process group
+
+
+def _one_of(column: pa.ChunkedArray, choices: tuple) -> pa.ChunkedArray:
+    """Null, or one of the knob's choices (a row's text reaches the code recommend prints to paste)."""
+    return pc.or_kleene(pc.is_null(column), pc.is_in(column, value_set=pa.array(choices))).fill_null(False)
+
+
+def _variables_ok(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Null, or a JSON object whose keys are variable names and whose values are scalars: recommend writes them
+    as `export NAME=value` lines to paste, so a key is never code."""
+    good = [value for value in pc.unique(column).to_pylist() if value is not None and _variables_object(value)]
+    return pc.or_kleene(pc.is_null(column), pc.is_in(column, value_set=pa.array(good, pa.string()))).fill_null(False)
+
+
+def _variables_object(text: str) -> bool:
+    try:
+        env = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(env, dict) and all(
+        ENV_NAME.fullmatch(k) and isinstance(v, str | int | float | bool) for k, v in env.items()
+    )
 
 
 def _times_real(times: pa.ChunkedArray, status: pa.ChunkedArray) -> pa.Array:

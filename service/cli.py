@@ -68,7 +68,13 @@ def run(
         str | None, typer.Option("--sweep", metavar="SWEEP", help="the id of the new sweep (default: generated)")
     ] = None,
     sweep_id: OldSweepIdOpt = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the grid and start nothing")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="print the grid and start nothing (no workload code runs)")
+    ] = False,
+    allow_workload: Annotated[
+        list[str] | None,
+        typer.Option(metavar="MODULE", help="run a workload factory from this installed or standard module"),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", help="show Ray's own logs")] = False,
 ) -> None:
     """Measure a sweep: one Parquet row per measurement as it lands, then per curve the best bucket with its
@@ -81,10 +87,17 @@ def run(
 
     plan = None
     stop_on_signals(session)
+    allow(allow_workload or [])
     try:
         sweep_id = sweep or sweep_id
         plan = plan_sweep(
-            load_spec(spec), results=results, cluster=cluster, resume=resume, sweep_id=sweep_id, address=address
+            load_spec(spec),
+            results=results,
+            cluster=cluster,
+            resume=resume,
+            sweep_id=sweep_id,
+            address=address,
+            dry_run=dry_run,
         )
         _warn_risky_env(plan.spec)
         if plan.choice is not None:
@@ -95,6 +108,11 @@ def run(
             )  # the grid, always
             if plan.spec.decides:
                 echo(f"at most: {_decided(plan.spec)}")
+            if plan.spec.workload:
+                echo(
+                    f"workload {plan.spec.workload}: not imported in a dry run (no workload code runs), so its "
+                    "fingerprint is not in these cell ids and search: model chooses nothing yet"
+                )
             if not address and not os.environ.get("RAY_ADDRESS"):
                 _dry_run_here(runner, plan)  # then: could this machine's embedded Ray run it?
             return
@@ -120,6 +138,15 @@ def run(
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (session.Terminated, perhaps re-raised by Tune as a plain one)
         raise interrupted(plan, spec, 143 if session.terminated() else 130) from None
     _print_summary(outcome, summary_text, plan)
+
+
+def allow(modules: list[str]) -> None:
+    """--allow-workload: installed or standard modules whose factories may run, here and on the workers
+    (trainers.workload.refused; sweeps.runner passes the variable on)."""
+    from trainers.errors import ALLOW_WORKLOAD_ENV
+
+    if modules:
+        os.environ[ALLOW_WORKLOAD_ENV] = ",".join(modules)
 
 
 def stop_on_signals(session) -> None:

@@ -17,7 +17,7 @@ from service.workdir import check_workdir
 from sweeps.options import PLANTED_ENVS
 from sweeps.spec import SpecError, SweepSpec, new_sweep_id
 from sweeps.specfile import parse_spec
-from trainers.errors import ConfigError, DDPSweepError
+from trainers.errors import ALLOW_WORKLOAD_ENV, ConfigError, DDPSweepError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SPEC_ENV = "DDPSWEEP_SPEC_YAML"  # the spec travels to the job in its runtime_env
@@ -184,10 +184,11 @@ def submit(
     runtime_env = {
         "working_dir": str(PROJECT_ROOT),
         "excludes": EXCLUDES,
-        # PLANTED_ENVS empty: a job never inherits a benchmark's planted slowdown or corruption from the cluster
+        # PLANTED_ENVS empty: a job never inherits a benchmark's planted slowdown or corruption from the cluster,
+        # nor an allowance to run an installed module's factory
         "env_vars": {
             SPEC_ENV: spec_yaml,
-            **dict.fromkeys(PLANTED_ENVS, ""),
+            **dict.fromkeys((*PLANTED_ENVS, ALLOW_WORKLOAD_ENV), ""),
             **{k: str(v) for k, v in spec.env.items()},
         },
     }

@@ -130,15 +130,18 @@ def _timed_steps(spec: SweepSpec) -> dict:
 AUTO_BATCH = 10  # adaptive timing: the first batch of timed steps, and every further one
 
 
-def workload_fields(spec: SweepSpec) -> dict:
+def workload_fields(spec: SweepSpec, run_user_code: bool = True) -> dict:
     """The step fields that say what is measured: a preset, or the workload with its planned fingerprint
-    (imported and built here, on the meta device where it allows: trainers.workload.planned_fingerprint)."""
+    (imported and built here, on the meta device where it allows: trainers.workload.planned_fingerprint).
+    Without `run_user_code` (a dry run) a user workload is neither imported nor called: no fingerprint."""
     from trainers import workload  # torch: only where cells are planned, never in the trial actor
 
     if spec.workload is None:
         fields = {"model": spec.model, "seq_len": spec.seq_len}
     else:
         fields = {"workload": spec.workload, "workload_args": canonical_args(spec.workload_args)}
+        if not run_user_code:
+            return fields
     try:
         fields["workload_fingerprint"], shapes = workload.planned(StepConfig(**fields))
     except ConfigError as e:
@@ -202,10 +205,10 @@ def _ddp_knobs(spec: SweepSpec) -> list[dict]:
 _BUCKET = [k.name for k in GRID_AXES].index("bucket_cap_mb")
 
 
-def expand(spec: SweepSpec) -> list[Cell]:
+def expand(spec: SweepSpec, run_user_code: bool = True) -> list[Cell]:
     """Baselines first (one per gas, timing and compile), then the DDP grid; duplicates (e.g. no_sync at gas 1,
-    optimize_ddp in eager cells) dropped."""
-    what = workload_fields(spec)
+    optimize_ddp in eager cells) dropped. `run_user_code` False: a user workload's fingerprint is not computed."""
+    what = workload_fields(spec, run_user_code)
     cells = [
         _cell(spec, mode="single", gas=g, what=what, timing=t, compile=c)
         for g, t, c in product(sorted(spec.gas), spec.timing, spec.compile)

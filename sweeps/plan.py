@@ -91,13 +91,15 @@ def plan_sweep(
     sweep_id: str | None = None,
     calibrate_only: bool = False,
     address: str | None = None,
+    dry_run: bool = False,
 ) -> SweepPlan:
     """Expand the grid (with `search: model`, the cells the model chose); with `resume`, keep only pairs with
     no ok row in that sweep. `address`: the cluster where search: model profiles a workload it has no profile
-    of."""
+    of. `dry_run`: no user code runs (a user workload is not imported, fingerprinted or profiled), so a spec
+    someone sent can be looked at safely."""
     store = Store.open(results or spec.results)
     cluster = cluster or spec.cluster
-    cells = expand(spec)
+    cells = expand(spec, run_user_code=not dry_run)
     require_label("--cluster", cluster)
     if resume is None:
         if sweep_id is not None:
@@ -106,7 +108,7 @@ def plan_sweep(
     else:
         plan = SweepPlan(spec, require_label("--resume", resume), cluster, store, cells, [], resumed=True)
     plan.calibrate_only = calibrate_only
-    if spec.search == "model" and not calibrate_only:
+    if spec.search == "model" and not calibrate_only and not (dry_run and spec.workload):
         plan.choice = _model_choice(plan, resume, address)
         plan.cells = [c for c in cells if c.cell_id in plan.choice.chosen]
     # a generated id is new by construction: a dry run never touches the store (it may be unreachable from here)

@@ -30,6 +30,7 @@ from sweeps.session import ray_session
 from sweeps.spec import SpecError, SweepSpec
 from sweeps.speccheck import BF16_ON_CPU
 from sweeps.trial import row_context, trial_fn
+from trainers.errors import ALLOW_WORKLOAD_ENV
 
 ProgressFn = Callable[[dict], None]
 log = logging.getLogger(__name__)
@@ -132,7 +133,8 @@ def resolve_options(plan: SweepPlan, res: preflight.ClusterResources, storage_pa
 def planted() -> dict[str, str]:
     """The driver's planted variables (sweeps.options.PLANTED_ENVS), passed on to the workers (rows record them as
     `injected_slowdown`, `injected_corruption` and `injected_jitter`)."""
-    return {name: os.environ[name] for name in PLANTED_ENVS if os.environ.get(name)}
+    passed = (*PLANTED_ENVS, ALLOW_WORKLOAD_ENV)  # and the modules --allow-workload named, for the workers
+    return {name: os.environ[name] for name in passed if os.environ.get(name)}
 
 
 def check_local(plan: SweepPlan) -> None:

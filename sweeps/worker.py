@@ -113,6 +113,8 @@ def _measure(w: Worker, slot: Slot, ranks: tuple[int, ...]) -> tuple[dict | None
             gc.collect()  # the last references to the dropped groups: their sockets close
     if step.mode != "single":
         error = agree(cell_id, repeat, dist.get_rank(), ranks, w.collective_timeout)
+    if error is None:
+        w.checked.add(cell_id)  # a configuration that failed before its check is checked at its next measurement
     return (measurement if not error else None), error
 
 
@@ -167,14 +169,12 @@ def extras_record(w: Worker, extras: Extras) -> dict:
 
 
 def _checks_now(w: Worker, cell_id: str) -> bool | None:
-    """Whether this measurement checks its gradient: every one (`every`), or the configuration's first in this
-    group (`first`: None afterwards, the row then carries no verdict of its own); False where checks are off."""
+    """Whether this measurement checks its gradient: every one (`every`), or until the configuration's first
+    measurement in this group succeeds (`first`: None afterwards, the row then carries no verdict of its own);
+    False where checks are off."""
     if not w.grad_check:
         return False
-    if w.grad_check == EVERY or cell_id not in w.checked:
-        w.checked.add(cell_id)
-        return True
-    return None
+    return True if w.grad_check == EVERY or cell_id not in w.checked else None
 
 
 def _unrecorded(group: Group, timed_steps: int, device: torch.device, threads: int, template):

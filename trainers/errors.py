@@ -43,3 +43,8 @@ class StepError(DDPSweepError):
     """A cell's step cannot be measured as configured: a compiled step that never stopped recompiling, or a
     distributed step that ran no all-reduce (its gradients were never synchronized). The cell's row is an error
     row; the worker group goes on."""
+
+
+ALLOW_WORKLOAD_ENV = "DDPSWEEP_ALLOW_WORKLOAD"
+"""Comma-separated modules of the standard library or an installed distribution whose workload factories may run
+(`ddpsweep run --allow-workload`); any other such module is refused (ConfigError on `workload`) before import."""

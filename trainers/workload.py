@@ -19,11 +19,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import importlib.util
 import inspect
 import json
 import math
 import os
 import sys
+import sysconfig
 import traceback
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -33,7 +35,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from trainers.config import StepConfig
-from trainers.errors import ConfigError
+from trainers.errors import ALLOW_WORKLOAD_ENV, ConfigError
 from trainers.model import GPT, PRESETS
 
 
@@ -77,6 +79,40 @@ class Built:
     tokens_per_sample: int | None
 
 
+SHIPPED = "sweeps.examples"  # ddpsweep's own example workloads
+
+
+def library_module(module_name: str) -> str | None:
+    """What `module_name` is when it is not the user's own code: "the standard library" or "an installed
+    distribution" (its top-level package under site-packages), else None. Nothing is imported: the top-level
+    name's spec is found without running it."""
+    top = module_name.split(".")[0]
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+        return "the standard library"
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    where = list(spec.submodule_search_locations or []) + [spec.origin or ""] if spec else []
+    roots = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib", "platstdlib")}
+    if any(w and any(os.path.realpath(w).startswith(os.path.realpath(r) + os.sep) for r in roots) for w in where):
+        return "an installed distribution"
+    return None
+
+
+def refused(path: str) -> str | None:
+    """Why the factory `path` is not run: a module of the standard library or an installed distribution, unless
+    allowed (ALLOW_WORKLOAD_ENV, `--allow-workload`) or ddpsweep's own examples; checked before anything is imported."""
+    module_name = path.partition(":")[0]
+    allowed = {m.strip() for m in os.environ.get(ALLOW_WORKLOAD_ENV, "").split(",") if m.strip()}
+    if module_name == SHIPPED or module_name.startswith(SHIPPED + ".") or module_name in allowed:
+        return None
+    what = library_module(module_name)
+    if what is None:
+        return None
+    return f"a module of your own: {module_name} is {what} (name it with --allow-workload {module_name} to run it)"
+
+
 def load_factory(path: str):
     """The factory named by `package.module:attr` (the working directory is importable too, as for
     `python -m`: a workload file beside the spec works from the `ddpsweep` script)."""
@@ -85,6 +121,9 @@ def load_factory(path: str):
         raise ConfigError("workload", path, "a public factory: a name that does not start with '_'")
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
+    why = refused(path)
+    if why is not None:
+        raise ConfigError("workload", path, why)
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
