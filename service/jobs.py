@@ -184,11 +184,13 @@ def submit(
     runtime_env = {
         "working_dir": str(PROJECT_ROOT),
         "excludes": EXCLUDES,
-        # PLANTED_ENVS empty: a job never inherits a benchmark's planted slowdown or corruption from the cluster,
-        # nor an allowance to run an installed module's factory
+        # PLANTED_ENVS empty: a job never inherits a benchmark's planted slowdown or corruption from the cluster;
+        # the one module it may run a factory from, installed or not, is its spec's workload (the submitter named
+        # it, and over HTTP the server's --allow-workload admitted it before this)
         "env_vars": {
             SPEC_ENV: spec_yaml,
-            **dict.fromkeys((*PLANTED_ENVS, ALLOW_WORKLOAD_ENV), ""),
+            **dict.fromkeys(PLANTED_ENVS, ""),
+            ALLOW_WORKLOAD_ENV: spec.workload.partition(":")[0] if spec.workload else "",
             **{k: str(v) for k, v in spec.env.items()},
         },
     }
