@@ -162,7 +162,7 @@ def test_recommend_picks_a_compiled_configuration_with_both_gains_and_the_code_t
     )
     lines = rec["snippet"].splitlines()
     wrap = next(i for i, line in enumerate(lines) if line.startswith("model = DistributedDataParallel(model, "))
-    assert lines.index('torch._dynamo.config.optimize_ddp = "python_reducer"') < wrap  # DDP reads it when built
+    assert lines.index("torch._dynamo.config.optimize_ddp = 'python_reducer'") < wrap  # DDP reads it when built
     assert lines[wrap + 1].startswith("model = torch.compile(model)")  # compiled after wrapping
     assert any(line.startswith("model = torch.compile(model)") for line in lines)
     text = recommend.to_text([rec])

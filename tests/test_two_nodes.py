@@ -41,6 +41,9 @@ def why_no_namespaces() -> str | None:
     return None
 
 
+NODE_CPUS = 4  # more slots per node than any cell's ranks per node: placement alone must put them right
+
+
 def script(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     return subprocess.run(
         [str(SCRIPT), *args],
@@ -48,7 +51,7 @@ def script(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
         text=True,
         timeout=timeout,
         cwd=ROOT,
-        env={**os.environ, "PYTHON": sys.executable},
+        env={**os.environ, "PYTHON": sys.executable, "DDPSWEEP_NODE_CPUS": str(NODE_CPUS)},
     )
 
 
@@ -161,3 +164,34 @@ def test_gloo_groups_bind_to_the_interface_of_the_nodes_ip(two_nodes):
         for ns, text in saved.items():
             hosts[ns].write_text(text)
             subprocess.run(["ip", "-n", ns, "addr", "delete", f"{OFF_LINK[ns]}/32", "dev", "lo"], check=False)
+
+
+PINNED = """
+name: pinned
+cluster: netns
+model: tiny
+micro_batch: 4
+seq_len: 32
+warmup_steps: 1
+timed_steps: 3
+topology: [2x2, 2x1]
+bucket_cap_mb: [25]
+backend: gloo
+use_gpu: false
+"""
+
+
+def test_k_ranks_land_on_each_node_though_each_has_more_slots(two_nodes, tmp_path):
+    """Nodes of 4 CPUs: PACK alone would put the 2x2 host group's four ranks on one node (every cell then 'not
+    measured'); pinned, two land on each node, and the 2x1 cell runs one rank on each."""
+    spec = tmp_path / "pinned.yaml"
+    spec.write_text(PINNED)
+    results = str(tmp_path / "results")
+    run = script("exec", sys.executable, "-m", "service.cli", "run", str(spec), "--address", HEAD, "--results", results)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = load(results)
+    ddp = {(r["num_nodes"], r["workers_per_node"]): r for r in rows[rows["mode"] == "ddp"].to_dict("records")}
+    assert sorted(ddp) == [(2, 1), (2, 2)] and all(r["status"] == "ok" for r in ddp.values()), ddp
+    assert sorted(ddp[(2, 2)]["rank_nodes"]) == ["169.254.77.1"] * 2 + ["169.254.77.2"] * 2
+    assert sorted(ddp[(2, 1)]["rank_nodes"]) == ["169.254.77.1", "169.254.77.2"]
+    assert ddp[(2, 2)]["workers_per_node_observed"] == 2 and ddp[(2, 2)]["grad_check"] == "exact"
