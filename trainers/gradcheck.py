@@ -45,7 +45,9 @@ from trainers.knobs import LOSSY_HOOKS
 U = 2.0**-24  # fp32 unit roundoff
 UNIT_ROUNDOFF = {"none": U, "fp16": 2.0**-11, "bf16": 2.0**-8}  # the wire format's; PowerSGD has no bound
 UNDERFLOW = {"fp16": 2.0**-25}  # half fp16's subnormal spacing: an absolute error per element and rounding
+CASTING = ("fp16", "bf16")  # hooks that cast the bucket to their wire format: one more rounding per sync
 CHUNK_BYTES = 64 * 2**20  # the most the check moves or copies at once, bytes
+SLICE = 2**20  # elements: the most the check converts or compares at once (8 MB in fp64)
 CHECK_MICRO = 500  # check batches are micro-steps 500.. of the data generator: none the timed steps use
 EXACT, APPROXIMATE, FAILED, INDETERMINATE, OFF = "exact", "approximate", "failed", "indeterminate", "off"
 FIRST, EVERY = "first", "every"  # when a configuration is checked: its first measurement, or every one
@@ -68,7 +70,7 @@ class GradCheck:
 def roundings(world: int, gas: int, comm_hook: str = "none") -> int:
     """The most roundings one term of DDP's averaged gradient passes through (module docstring); a casting hook
     adds one per synced micro-step (the cast to its wire format)."""
-    return gas * (world + (2 if comm_hook in UNDERFLOW or comm_hook == "bf16" else 1))
+    return gas * (world + (2 if comm_hook in CASTING else 1))
 
 
 def tolerance(world: int, gas: int, magnitude: float, ref_norm: float, comm_hook: str = "none", n: int = 0) -> float:
@@ -145,9 +147,6 @@ def _chunks(sizes: list[int], elements: int) -> Iterator[list[tuple[int, slice]]
                 chunk, room = [], elements
     if chunk:
         yield chunk
-
-
-SLICE = 2**20  # elements: the most the check converts or compares at once (8 MB in fp64)
 
 
 def _gather(parts: list[torch.Tensor], chunk: list[tuple[int, slice]], out: torch.Tensor) -> torch.Tensor:

@@ -169,14 +169,11 @@ def warmup_seconds(cfg: StepConfig, device: torch.device) -> float:
     return CUDA_WARMUP_S if device.type == "cuda" else 0.0
 
 
-def warm_for(rep: Replica, seconds: float) -> int:
-    """Untimed steps until `seconds` have passed on every rank (the ranks decide each step alike); returns how
-    many."""
-    agree, t0, steps = _agree(rep), time.perf_counter(), 0
+def warm_for(rep: Replica, seconds: float) -> None:
+    """Untimed steps until `seconds` have passed on every rank (the ranks decide each step alike)."""
+    agree, t0 = _agree(rep), time.perf_counter()
     while seconds > 0 and agree(time.perf_counter() - t0 < seconds):
         train_step(rep)
-        steps += 1
-    return steps
 
 
 TRACED_STEPS = 5  # trace_comm: steps traced after the timed ones (medians over them)
@@ -271,7 +268,7 @@ def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Calla
     timed step), so every rank takes the same decision from the same numbers. `loop` timing gives one
     time, the mean step."""
     gather = (lambda t: gather_max(t, device, rep.group)) if distributed(cfg) else (lambda t: t)
-    measure = _timer(cfg, rep, device, sync, slowed(lambda: train_step(rep), slowdown, sync))
+    measure = _timer(cfg, device, sync, slowed(lambda: train_step(rep), slowdown, sync))
     if cfg.target_rel_ci is None:
         return gather(measure(cfg.timed_steps)), None, cfg.timed_steps
     own = measure(min(cfg.timed_steps, cfg.max_timed_steps))  # the first batch is capped too
@@ -283,7 +280,7 @@ def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Calla
         own += measure(min(cfg.timed_steps, cfg.max_timed_steps - len(own)))
 
 
-def _timer(cfg: StepConfig, rep: Replica, device: torch.device, sync: Hook, step: Hook) -> Callable[[int], list[float]]:
+def _timer(cfg: StepConfig, device: torch.device, sync: Hook, step: Hook) -> Callable[[int], list[float]]:
     """n -> the times of n steps, by the method `timing_as_run` picks."""
     method, _ = timing_as_run(cfg, device)
     if method == "events":
