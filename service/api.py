@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import io
 import json
@@ -12,17 +13,16 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
 import pandas as pd
-import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -39,13 +39,14 @@ from results.store import require_label
 from results.views import VIEWS
 from service import dashboard, jobs
 from service.clusterstate import ClusterState
-from service.errors import KNOWN_ERRORS
+from service.downloads import download
+from service.errors import KNOWN_ERRORS, ApiError
 from sweeps import envvars
-from trainers.errors import DDPSweepError
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 256 * 1024
+BODY_TIMEOUT_S = 30.0  # a request's whole body, once its headers arrived (service.httpserver times the headers)
 
 
 @dataclass(frozen=True)
@@ -60,19 +61,13 @@ class ServiceSettings:
     allow_env: tuple[str, ...] = ()  # variables a submitted spec may set beyond sweeps.envvars.TUNING
     workload_dir: str | None = None  # the folder shipped with a sweep naming an allowed workload (never the cwd)
     max_rows: int = STORE_MAX_ROWS  # rows the server keeps in memory; more is a 413 naming --max-rows
-
-
-class ApiError(DDPSweepError):
-    """An error of the HTTP edge itself (auth, body size, request shape); carries its own status."""
-
-    def __init__(self, status: int, type_: str, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.http_status, self.type, self.message, self.field = status, type_, message, field
+    body_timeout_s: float = BODY_TIMEOUT_S  # a request body not received within this is a 408
 
 
 def _error_response(status: int, type_: str, message: str, field: str | None = None) -> JSONResponse:
     body = {"error": {"type": type_, "message": message} | ({"field": field} if field else {})}
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    # 408: the rest of the body may still arrive, so the connection cannot carry another request
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {"Connection": "close"} if status == 408 else None
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -120,15 +115,20 @@ def require_token(settings: ServiceSettings):
     return check
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
+    """The request's body: at most `limit` bytes (413), all of it within `timeout_s` (408, connection closed)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, "PayloadTooLarge", f"request body over {limit} bytes")
     body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, "PayloadTooLarge", f"request body over {limit} bytes")
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise ApiError(413, "PayloadTooLarge", f"request body over {limit} bytes")
+    except TimeoutError:
+        raise ApiError(408, "RequestTimeout", f"request body not received within {timeout_s:g} s") from None
     return body
 
 
@@ -185,47 +185,6 @@ def _frame_response(df: pd.DataFrame, fmt: str) -> Response:
     return Response(df.to_json(orient="records", date_format="iso"), media_type="application/json")
 
 
-DOWNLOAD_BATCH = 5_000  # rows converted at a time: a download's memory is a batch's, not the selection's
-DOWNLOADS = threading.BoundedSemaphore(2)  # large responses built at once; more wait (then 503)
-DOWNLOAD_WAIT_S = 30.0
-
-
-def download(table: pa.Table, fmt: str) -> Response:
-    """`table` as JSON records, CSV or Parquet, streamed batch by batch (JSON and CSV) while at most two
-    downloads are built at once; a third waits up to DOWNLOAD_WAIT_S, then is a 503."""
-    if not DOWNLOADS.acquire(timeout=DOWNLOAD_WAIT_S):
-        raise ApiError(503, "Busy", "two downloads are being built; try again in a moment, or select one sweep")
-    if fmt == "parquet":
-        try:
-            buf = pa.BufferOutputStream()
-            pq.write_table(table, buf, compression="zstd")
-            return Response(buf.getvalue().to_pybytes(), media_type="application/vnd.apache.parquet")
-        finally:
-            DOWNLOADS.release()
-    media = "text/csv" if fmt == "csv" else "application/json"
-    return StreamingResponse(_chunks(table, fmt), media_type=media)
-
-
-def _chunks(table: pa.Table, fmt: str) -> Iterator[str]:
-    """The response's text a batch at a time (one CSV header; JSON records joined into one array)."""
-    try:
-        yield "" if fmt == "csv" else "["
-        wrote = False
-        for batch in table.to_batches(max_chunksize=DOWNLOAD_BATCH):
-            frame = batch.to_pandas()
-            if fmt == "csv":
-                text = to_csv(frame)
-                yield text.split("\n", 1)[1] if wrote else text
-            elif len(frame):
-                yield ("," if wrote else "") + frame.to_json(orient="records", date_format="iso")[1:-1]
-            wrote = wrote or len(frame) > 0
-        if fmt == "csv" and not wrote:
-            yield to_csv(table.slice(0, 0).to_pandas())
-        yield "" if fmt == "csv" else "]"
-    finally:
-        DOWNLOADS.release()
-
-
 def _cached_query(cache: CachedStore, sql: str) -> pd.DataFrame:
     """One query in a child process under results.isolation's limits (memory, deadline, result bytes)."""
     query_mod.check_read_only(sql)  # refused before anything is computed
@@ -278,7 +237,26 @@ def _submit(settings: ServiceSettings, text: str, cluster: str | None) -> dict:
     return {"sweep_id": sweep_id, "job_id": job_id, "warnings": spec.warnings()}
 
 
+JOB_CALLS = 4  # requests that may wait on the cluster's job server at once; more are a 503 at once
+
+
+@contextmanager
+def job_server_call(gate: threading.BoundedSemaphore) -> Iterator[None]:
+    """A request that waits on Ray Jobs (up to service.jobs' timeouts) holds a worker thread meanwhile: at most
+    JOB_CALLS do, so a hung job server or a flood of `GET /sweeps` never holds every thread of the server."""
+    if not gate.acquire(blocking=False):
+        raise ApiError(
+            503, "Busy", f"{JOB_CALLS} requests are waiting on the cluster's job server; try again in a moment"
+        )
+    try:
+        yield
+    finally:
+        gate.release()
+
+
 def add_sweep_routes(app: FastAPI, settings: ServiceSettings, auth, read_auth: list) -> None:
+    gate = threading.BoundedSemaphore(JOB_CALLS)
+
     @app.post("/sweeps", status_code=201, dependencies=[auth], summary="Submit a sweep (spec as YAML or JSON)")
     async def submit_sweep(request: Request, cluster: str | None = None, results: str | None = None) -> dict:
         if results is not None and results != settings.results:  # the server's root is the only one it writes to
@@ -288,9 +266,12 @@ def add_sweep_routes(app: FastAPI, settings: ServiceSettings, auth, read_auth: l
                 "results: this server writes only to its own --results root; leave the parameter out",
                 "results",
             )
-        text = (await read_body(request, settings.max_body_bytes)).decode("utf-8", errors="replace")
+        text = (await read_body(request, settings.max_body_bytes, settings.body_timeout_s)).decode(
+            "utf-8", errors="replace"
+        )
         # parsing, the checks and the submission block (a slow cluster for seconds): off the event loop
-        return await run_in_threadpool(_submit, settings, text, _label("cluster", cluster))
+        with job_server_call(gate):
+            return await run_in_threadpool(_submit, settings, text, _label("cluster", cluster))
 
     @app.get(
         "/sweeps",
@@ -298,11 +279,13 @@ def add_sweep_routes(app: FastAPI, settings: ServiceSettings, auth, read_auth: l
         summary="Every sweep the cluster knows: job state, cells written / planned, errors",
     )
     def list_sweeps() -> list[dict]:
-        return [s.to_dict() for s in jobs.status(settings.address)]
+        with job_server_call(gate):
+            return [s.to_dict() for s in jobs.status(settings.address)]
 
     @app.get("/sweeps/{sweep_id}", dependencies=read_auth, summary="One sweep's state")
     def get_sweep(sweep_id: str) -> dict:
-        return jobs.status(settings.address, _label("sweep_id", sweep_id))[0].to_dict()
+        with job_server_call(gate):
+            return jobs.status(settings.address, _label("sweep_id", sweep_id))[0].to_dict()
 
     @app.get(
         "/sweeps/{sweep_id}/logs",
@@ -311,11 +294,14 @@ def add_sweep_routes(app: FastAPI, settings: ServiceSettings, auth, read_auth: l
         summary="The sweep job's output",
     )
     def sweep_logs(sweep_id: str) -> str:
-        return jobs.logs(settings.address, _label("sweep_id", sweep_id))
+        with job_server_call(gate):
+            return jobs.logs(settings.address, _label("sweep_id", sweep_id))
 
     @app.delete("/sweeps/{sweep_id}", dependencies=[auth], summary="Stop a sweep (written rows stay)")
     def stop_sweep(sweep_id: str) -> dict:
-        return {"sweep_id": sweep_id, "stopped": jobs.stop(settings.address, _label("sweep_id", sweep_id))}
+        with job_server_call(gate):
+            stopped = jobs.stop(settings.address, _label("sweep_id", sweep_id))
+        return {"sweep_id": sweep_id, "stopped": stopped}
 
 
 def add_result_routes(app: FastAPI, settings: ServiceSettings, cache: CachedStore, auth, read_auth: list) -> None:
@@ -344,7 +330,7 @@ def add_result_routes(app: FastAPI, settings: ServiceSettings, cache: CachedStor
 
     @app.post("/query", dependencies=[auth], summary="Read-only SQL (the sandbox of `ddpsweep query`)")
     async def run_query(request: Request) -> Response:
-        raw = await read_body(request, settings.max_body_bytes)
+        raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
         try:
             body = QueryBody.model_validate(json.loads(raw or b"{}"))
         except (ValueError, json.JSONDecodeError, RecursionError) as e:

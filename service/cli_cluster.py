@@ -144,6 +144,7 @@ def serve(
     import uvicorn
 
     from service.api import ServiceSettings, create_app
+    from service.httpserver import config
     from service.jobs import is_loopback
 
     token = token or os.environ.get("DDPSWEEP_TOKEN")
@@ -168,7 +169,7 @@ def serve(
         workload_dir=_workload_dir(workload_dir),
         max_rows=max_rows,
     )
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
+    uvicorn.Server(config(create_app(settings), host, port)).run()
 
 
 def _workload_dir(path: str | None) -> str | None:

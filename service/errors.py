@@ -12,3 +12,11 @@ from trainers.errors import DDPSweepError
 
 KNOWN_ERRORS: tuple[type[Exception], ...] = (DDPSweepError, ResultsError)
 """Every error raised on purpose is an instance of one of these."""
+
+
+class ApiError(DDPSweepError):
+    """An error of the HTTP edge itself (auth, body size, request shape); carries its own status."""
+
+    def __init__(self, status: int, type_: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.http_status, self.type, self.message, self.field = status, type_, message, field

@@ -47,13 +47,14 @@ def live_server():
 
     import uvicorn
 
+    from service.httpserver import config
     from tests.ray_head import free_port
 
     servers = []
 
-    def start(app) -> str:
+    def start(app, **limits) -> str:
         port = free_port()
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        server = uvicorn.Server(config(app, "127.0.0.1", port, **limits))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         servers.append((server, thread))

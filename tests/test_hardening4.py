@@ -543,27 +543,27 @@ def test_cells_streams_batches_and_bounds_concurrent_downloads(tmp_path, monkeyp
     import csv
     import io
 
-    from service import api
+    from service import downloads
 
     store = Store.open(str(tmp_path))
     for rep in range(3):
         for r in seed_rows():
             store.write_row(r | {"repeat": rep})
-    monkeypatch.setattr(api, "DOWNLOAD_BATCH", 5)  # 24 rows: five batches
+    monkeypatch.setattr(downloads, "DOWNLOAD_BATCH", 5)  # 24 rows: five batches
     c = client(results=str(tmp_path))
     records = c.get("/cells").json()
     assert len(records) == 24 and {r["repeat"] for r in records} == {0, 1, 2}
     rows = list(csv.DictReader(io.StringIO(c.get("/cells", params={"format": "csv"}).text)))
     assert len(rows) == 24 and rows[0]["cluster"] == "pcie-8x"
     assert c.get("/cells", params={"status": "error"}).json() == []
-    monkeypatch.setattr(api, "DOWNLOAD_WAIT_S", 0.1)
-    assert api.DOWNLOADS.acquire(timeout=1) and api.DOWNLOADS.acquire(timeout=1)  # two downloads in progress
+    monkeypatch.setattr(downloads, "DOWNLOAD_WAIT_S", 0.1)
+    assert downloads.DOWNLOADS.acquire(timeout=1) and downloads.DOWNLOADS.acquire(timeout=1)  # two in progress
     try:
         busy = c.get("/cells")
         assert busy.status_code == 503 and busy.json()["error"]["type"] == "Busy"
     finally:
-        api.DOWNLOADS.release()
-        api.DOWNLOADS.release()
+        downloads.DOWNLOADS.release()
+        downloads.DOWNLOADS.release()
     assert c.get("/cells").status_code == 200
 
 
