@@ -25,6 +25,7 @@ shown beside the predictions), never hidden in t(bytes).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -45,16 +46,45 @@ class Profile:
     ready_ms: tuple[float, ...]  # each parameter's gradient ready, ms after the backward started (parameter order)
     nbytes: tuple[int, ...]  # each parameter's gradient, bytes (parameter order)
     order: tuple[int, ...]  # parameter indices in the order their gradients became ready
+    grad_bytes: int | None = None  # bytes of the trainable parameters' gradients (None: profiles stored before it)
+
+    @property
+    def gradient_bytes(self) -> int:
+        """Bytes of gradients DDP all-reduces (every parameter's where the profile predates `grad_bytes`)."""
+        return sum(self.nbytes) if self.grad_bytes is None else self.grad_bytes
 
     @classmethod
-    def from_dict(cls, raw: dict) -> Profile:
-        """The model's fields of a profile as trainers.profile gives it (or JSON stored it: lists)."""
-        return cls(**{f: tuple(raw[f]) if isinstance(raw[f], list | tuple) else raw[f] for f in FIELDS})
+    def from_dict(cls, raw: object) -> Profile:
+        """The model's fields of a profile as trainers.profile gives it (or JSON stored it: lists); a ValueError
+        naming the field where one is missing or not numbers."""
+        if not isinstance(raw, dict):
+            raise ValueError(f"a profile is a JSON object, not {type(raw).__name__}")
+        missing = [f for f in FIELDS if f not in raw]
+        if missing:
+            raise ValueError(f"{missing[0]}: missing")
+        given = {f: tuple(raw[f]) if isinstance(raw[f], list | tuple) else raw[f] for f in FIELDS}
+        return cls(**given, grad_bytes=raw.get("grad_bytes"))
 
     def __post_init__(self) -> None:
+        for name in ("forward_ms", "backward_ms", "optimizer_ms"):
+            _times(name, (getattr(self, name),))
+        _times("ready_ms", self.ready_ms)
+        if self.backward_ms <= 0:
+            raise ValueError(f"backward_ms: {self.backward_ms} is not a positive time")
         n = len(self.nbytes)
-        if len(self.ready_ms) != n or sorted(self.order) != list(range(n)):
-            raise ValueError("Profile: ready_ms, nbytes and order must cover the same parameters")
+        if n == 0 or any(type(b) is not int or b <= 0 for b in self.nbytes):  # noqa: E721 — bool is not a size
+            raise ValueError("nbytes: must be one positive whole number of bytes per parameter")
+        if self.grad_bytes is not None and (type(self.grad_bytes) is not int or self.grad_bytes <= 0):  # noqa: E721
+            raise ValueError(f"grad_bytes: {self.grad_bytes!r} is not a positive whole number of bytes")
+        if len(self.ready_ms) != n or sorted(self.order, key=str) != sorted(range(n), key=str):
+            raise ValueError("ready_ms, nbytes and order must cover the same parameters")
+
+
+def _times(name: str, values: tuple) -> None:
+    """Times in ms: finite numbers, none negative."""
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"{name}: {v!r} is not a time in ms (finite, not negative)")
 
 
 FIELDS = ("forward_ms", "backward_ms", "optimizer_ms", "ready_ms", "nbytes", "order")

@@ -27,6 +27,10 @@ PROFILE_FIELDS = ("model", "workload", "workload_args", "workload_fingerprint", 
 """What a profile is of (with the device type and torch version): the workload, its shapes, the micro-batch."""
 NOT_MODELED = {"powersgd": "PowerSGD's low-rank exchange is not DDP's buckets"}
 NO_PROFILE = "no profile of this workload on the cluster: run `ddpsweep predict SPEC` (it profiles one rank)"
+OTHER_MODEL = (
+    "the stored profile is of another model ({} bytes of gradients, the rows' {}): run `ddpsweep predict SPEC` "
+    "to profile it again"
+)
 NO_CALIBRATION = "no calibration of this placement on the cluster: run `ddpsweep calibrate SPEC`"
 PLACE = ["cluster", "sweep_id", "world_size", "num_nodes"]  # one fitted slowdown each
 
@@ -113,6 +117,8 @@ def _inputs(cell: pd.Series, profiles: Profiles, costs: Mapping) -> tuple[Profil
     t = costs.get((cell["cluster"], int(cell["world_size"]), int(cell["num_nodes"])))
     if prof is None:
         return None, None, NO_PROFILE
+    if pd.notna(cell.get("grad_bytes")) and int(cell["grad_bytes"]) != prof.gradient_bytes:
+        return None, None, OTHER_MODEL.format(prof.gradient_bytes, int(cell["grad_bytes"]))
     if t is None and int(cell["world_size"]) > 1:
         return None, None, NO_CALIBRATION
     return prof, t, ""

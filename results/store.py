@@ -11,6 +11,7 @@ import datetime
 import errno
 import json
 import logging
+import math
 import os
 import re
 import urllib.parse
@@ -25,6 +26,7 @@ import pyarrow.parquet as pq
 
 from results import reader
 from results.errors import LabelError, ResultsError, StoreFull, StoreNotFound, UnknownSelection
+from results.overlap import Profile
 from results.reader import FileStat
 from results.schema import CALIBRATION, conform_to, row_table
 
@@ -153,9 +155,15 @@ class Store:
             name = path.rsplit("/", 1)[-1]
             if name.startswith("_calibration-") and name.endswith(".parquet") and _in_sweep(path, sweep):
                 try:
-                    tables.append(conform_to(pq.read_table(path, filesystem=self.fs), CALIBRATION))
+                    table = conform_to(pq.read_table(path, filesystem=self.fs), CALIBRATION)
                 except (pa.ArrowException, OSError) as e:
                     log.warning("skipping unreadable calibration file %s: %s", path, e)
+                    continue
+                problem = calibration_problem(table)
+                if problem:
+                    log.warning("skipping calibration file %s: %s", path, problem)
+                else:
+                    tables.append(table)
         return pa.concat_tables(tables) if tables else CALIBRATION.empty_table()
 
     def write_profile(self, cluster: str, key: str, profile: dict) -> str:
@@ -169,7 +177,7 @@ class Store:
 
     def read_profiles(self) -> pa.Table:
         """Every stored profile: (cluster, key, profile as JSON), for the views that set predictions beside
-        measurements (results.predicted)."""
+        measurements (results.predicted). A file that is not a valid profile is skipped with a warning."""
         rows = []
         for folder in self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True)):
             if folder.type != pafs.FileType.Directory or not folder.base_name.startswith("cluster="):
@@ -177,19 +185,33 @@ class Store:
             for info in self.fs.get_file_info(pafs.FileSelector(folder.path)):
                 name = info.base_name
                 if info.type == pafs.FileType.File and name.startswith("_profile-") and name.endswith(".parquet"):
-                    profile = pq.read_table(info.path, filesystem=self.fs).column("profile")[0].as_py()
+                    profile = self._profile_text(info.path)
                     key = name.removeprefix("_profile-").removesuffix(".parquet")
-                    rows.append({"cluster": folder.base_name.removeprefix("cluster="), "key": key, "profile": profile})
+                    if profile is not None:
+                        cluster = folder.base_name.removeprefix("cluster=")
+                        rows.append({"cluster": cluster, "key": key, "profile": profile})
         return pa.Table.from_pylist(rows, schema=PROFILES)
 
     def read_profile(self, cluster: str, key: str) -> dict | None:
-        """The stored profile of `key` on `cluster`, or None."""
+        """The stored profile of `key` on `cluster`, or None (none stored, or not a valid profile: measured anew)."""
         path = (
             f"{self.root}/cluster={require_label('cluster', cluster)}/_profile-{require_label('profile', key)}.parquet"
         )
         if self.fs.get_file_info(path).type != pafs.FileType.File:
             return None
-        return json.loads(pq.read_table(path, filesystem=self.fs).column("profile")[0].as_py())
+        text = self._profile_text(path)
+        return None if text is None else json.loads(text)
+
+    def _profile_text(self, path: str) -> str | None:
+        """A profile file's JSON where it holds a valid profile (results.overlap.Profile's checks), else None and
+        one warning naming the file."""
+        try:
+            text = pq.read_table(path, filesystem=self.fs).column("profile")[0].as_py()
+            Profile.from_dict(json.loads(text))
+            return text
+        except (pa.ArrowException, OSError, KeyError, IndexError, TypeError, ValueError, RecursionError) as e:
+            log.warning("skipping profile file %s: %s", path, str(e)[:200])
+            return None
 
     def write_manifest(self, cluster: str, sweep_id: str, manifest: dict) -> None:
         """The sweep's plan (`_sweep.json`, ignored by readers of rows), written atomically."""
@@ -344,6 +366,20 @@ def is_disk_full(e: BaseException) -> bool:
 
 def _first_line(e: Exception) -> str:
     return str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+
+
+def calibration_problem(table: pa.Table) -> str | None:
+    """Why a calibration file cannot give t(bytes), or None: every time a finite positive number of ms, every size
+    a positive number of bytes, and at least two sizes of all-reduce (one point fits no line)."""
+    times, sizes = table.column("time_ms").to_pylist(), table.column("size_bytes").to_pylist()
+    if any(t is None or not math.isfinite(t) or t <= 0 for t in times):
+        return "time_ms: every time must be a finite, positive number of ms"
+    if any(b is None or b <= 0 for b in sizes):
+        return "size_bytes: every message must be a positive number of bytes"
+    reduced = {b for b, k in zip(sizes, table.column("kind").to_pylist(), strict=True) if k == "all_reduce"}
+    if len(reduced) == 1:
+        return "size_bytes: one all-reduce size; the α-β fit needs at least two"
+    return None
 
 
 def _in_sweep(path: str, sweep: str | None) -> bool:

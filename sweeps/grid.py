@@ -44,6 +44,12 @@ class Cell:
         return json.loads(self.env)
 
     @property
+    def knob_values(self) -> dict:
+        """Every knob of the table (trainers.knobs) by name, as a row stores it."""
+        placed = {"world_size": self.world_size, "num_nodes": self.num_nodes, "backend": self.backend}
+        return asdict(self.step) | placed | {"env_grid": self.env}
+
+    @property
     def cell_id(self) -> str:
         """Stable hash of the configuration: the same cell always gets the same id.
 
@@ -52,8 +58,7 @@ class Cell:
         differ from their defaults (or read their `off` value: they do not apply), the fingerprint only for user
         workloads (`Knob.hashed`).
         """
-        flat = asdict(self.step) | {"world_size": self.world_size, "num_nodes": self.num_nodes, "backend": self.backend}
-        flat["env_grid"] = self.env
+        flat = self.knob_values
         for knob in KNOBS:
             value = flat[knob.name]
             unchanged = knob.hashed == CHANGED and (value == knob.default or value == knob.value_off)
@@ -143,7 +148,7 @@ def workload_fields(spec: SweepSpec, run_user_code: bool = True) -> dict:
         if not run_user_code:
             return fields
     try:
-        fields["workload_fingerprint"], shapes = workload.planned(StepConfig(**fields))
+        fields["workload_fingerprint"], shapes, _ = workload.planned(StepConfig(**fields))
     except ConfigError as e:
         raise SpecError(e.field, e.value, e.allowed) from None
     if "powersgd" in spec.comm_hook:

@@ -22,7 +22,7 @@ import pandas as pd
 
 from results import predicted
 from results.errors import ResultsError
-from results.identity import CURVE_KEYS, config_text
+from results.identity import CURVE_KEYS, CURVE_KNOBS, config_text
 from results.store import Store, load, load_calibration
 from sweeps import predict
 from sweeps.grid import Cell
@@ -86,7 +86,7 @@ def choose(spec: SweepSpec, cells: list[Cell], store: Store, cluster: str, addre
 
 def _skipped(table: pd.DataFrame, chosen: set[str]) -> dict[str, str]:
     """Why each cell the model left out is not measured."""
-    curve = [c for c in predict.CURVE_COLUMNS if c in table]
+    curve = [c for c in CURVE_KNOBS if c in table]
     best = table.groupby(curve, dropna=False)["predicted_ms"].transform("min")
     layout = same_layout(table)
     return {
@@ -107,7 +107,7 @@ def _whys(table: pd.DataFrame, model_k: int | None, error: float) -> list[str | 
         elif _num(r.predicted_ms) is None:
             whys[i] = f"not modeled ({r.note})"
     ddp = table[(table["mode"] == "ddp") & table["predicted_ms"].notna()]
-    for _, curve in ddp.groupby([c for c in predict.CURVE_COLUMNS if c in table], dropna=False):
+    for _, curve in ddp.groupby([c for c in CURVE_KNOBS if c in table], dropna=False):
         ranked = _one_per_layout(curve).sort_values("predicted_ms", kind="stable")
         best = float(ranked["predicted_ms"].iloc[0])
         within = int((ranked["predicted_ms"] <= best * (1 + 2 * error)).sum())
@@ -137,7 +137,7 @@ def same_layout(table: pd.DataFrame) -> dict[str, str]:
     """cell id -> why it is not measured, for the DDP cells whose layout another cell of their curve runs."""
     out = {}
     ddp = table[(table["mode"] == "ddp") & table["predicted_ms"].notna()]
-    for _, curve in ddp.groupby([c for c in predict.CURVE_COLUMNS if c in table], dropna=False):
+    for _, curve in ddp.groupby([c for c in CURVE_KNOBS if c in table], dropna=False):
         kept = _one_per_layout(curve)
         layout = curve["bucket_bytes"].map(str)
         by_layout = dict(zip(layout[kept.index], kept["bucket_cap_mb"], strict=True))

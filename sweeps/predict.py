@@ -9,6 +9,7 @@ with the spec's threads per worker (sweeps.profiling).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -16,11 +17,14 @@ import pandas as pd
 
 from results import predicted
 from results.errors import ResultsError
+from results.identity import CURVE_KNOBS
 from results.overlap import Profile
 from results.store import Store, load_calibration
 from sweeps.grid import Cell, expand
 from sweeps.profiling import Device, Profiler
 from sweeps.spec import SweepSpec
+
+log = logging.getLogger(__name__)
 
 
 class NoCalibration(ResultsError):
@@ -42,11 +46,32 @@ def profiles(
         if key in out:
             continue
         raw, fresh = store.read_profile(cluster, key), False
+        if raw is not None and not _of_planned_model(raw, cell):
+            raw = None  # the workload's code changed under the same name: measured again, the new one stored
         if raw is None:
             raw, fresh = profiler.run(cell.step), True
             store.write_profile(cluster, key, raw)
         out[key] = (Profile.from_dict(raw), fresh)
     return out
+
+
+def _of_planned_model(raw: dict, cell: Cell) -> bool:
+    """Whether a stored profile's parameters are the planned model's (trainers.workload.planned: their count and
+    bytes, in order); one warning where they are not."""
+    from trainers import workload  # torch: where cells are planned
+
+    planned = workload.planned(cell.step)[2]
+    if tuple(raw["nbytes"]) == planned:
+        return True
+    log.warning(
+        "the stored profile of %s has %d parameters (%d bytes), the planned model %d (%d bytes): profiling it again",
+        cell.step.workload or cell.step.model,
+        len(raw["nbytes"]),
+        sum(raw["nbytes"]),
+        len(planned),
+        sum(planned),
+    )
+    return False
 
 
 def placement_costs(store: Store, cluster: str, cells: list[Cell]) -> dict[tuple, predicted.Cost]:
@@ -69,7 +94,7 @@ def placement_costs(store: Store, cluster: str, cells: list[Cell]) -> dict[tuple
 
 def predict_cell(cell: Cell, prof: Profile, t: predicted.Cost | None, slowdown: float = 1.0) -> dict:
     """The model's step for one cell (None with the reason where it is not modeled)."""
-    out = {"cell_id": cell.cell_id, "topology": cell.topology, **asdict(cell.step)}
+    out = {"cell_id": cell.cell_id, "topology": cell.topology, **cell.knob_values}
     return out | {"note": None} | predicted.predict_one(asdict(cell.step), prof, t, slowdown)
 
 
@@ -117,15 +142,11 @@ def predictions(given: Inputs, slowdown: dict[tuple, float] | None = None) -> pd
 def mark_best(table: pd.DataFrame) -> pd.DataFrame:
     """`predicted_best`: the smallest predicted step of each curve (every knob but the bucket fixed)."""
     ddp = (table["mode"] == "ddp") & table["predicted_ms"].notna()
-    curve = [c for c in table.columns if c in CURVE_COLUMNS]
+    curve = [c for c in CURVE_KNOBS if c in table.columns]
     table["predicted_best"] = False
     for _, grp in table[ddp].groupby(curve, dropna=False):
         table.loc[grp["predicted_ms"].astype(float).idxmin(), "predicted_best"] = True
     return table
-
-
-CURVE_COLUMNS = ("topology", "gas", "no_sync", "comm_hook", "powersgd_rank", "first_bucket_mb", "timing")
-CURVE_COLUMNS += ("gradient_as_bucket_view", "static_graph", "find_unused_parameters", "broadcast_buffers")
 
 
 def to_text(table: pd.DataFrame, given: Inputs) -> str:

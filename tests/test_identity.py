@@ -181,3 +181,23 @@ def test_results_reads_the_same_table_as_trainers():
         assert repr(ours.value_off) == repr(theirs.value_off)
     assert read.table_path() == trainer_knobs.TABLE
     assert read.SWEPT == SWEPT
+
+
+def _predicted_pair(knob: Knob) -> pd.DataFrame:
+    """Two predicted DDP cells of one plan that differ only in `knob`, with the same bucket layout."""
+    first = {k.name: k.default for k in KNOBS} | {"mode": "ddp", "world_size": 2, "num_nodes": 1, "backend": "gloo"}
+    second = first | {knob.name: other(knob, first[knob.name])}
+    cells = [
+        c | {"cell_id": i, "topology": "1x2", "bucket_bytes": [1024], "note": None}
+        for i, c in enumerate((first, second))
+    ]
+    return pd.DataFrame([c | {"predicted_ms": ms} for c, ms in zip(cells, (100.0, 130.0), strict=True)])
+
+
+@pytest.mark.parametrize("knob", [k for k in KNOBS if k.name not in (SWEPT, "mode")], ids=lambda k: k.name)
+def test_search_model_keeps_two_configurations_on_curves_of_their_own(knob):
+    from sweeps import modelsearch, predict
+
+    table = predict.mark_best(_predicted_pair(knob))
+    assert table["predicted_best"].tolist() == [True, True]  # each is the best of its own curve
+    assert modelsearch.same_layout(table) == {}  # neither is "the same step" as the other

@@ -94,6 +94,7 @@ def measured(root: str, slowdown: float = 1.5, sweep: str = "m-1") -> tuple:
     for cell in (c for c in given.cells if c.step.mode == "ddp"):
         knobs = asdict(cell.step) | {"world_size": 2, "num_nodes": 1, "backend": "gloo", "env_grid": "{}"}
         knobs |= {"device_type": "cpu", "torch_version": torch.__version__}  # what the profile is keyed by
+        knobs |= {"grad_bytes": given.profile(cell).gradient_bytes}  # the model the profile is of
         for rep in range(3):
             r = base("lab", rep, float(slowed[cell.cell_id])) | knobs | {"cell_id": cell.cell_id}
             store.write_row({k: v for k, v in r.items() if k in columns} | {"sweep_id": sweep, "cluster": "lab"})

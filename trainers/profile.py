@@ -15,6 +15,7 @@ import torch
 
 from trainers import workload
 from trainers.config import StepConfig
+from trainers.model import grad_bytes
 from trainers.replica import autocast
 
 REPEATS = 10
@@ -92,6 +93,7 @@ def _summary(runs: np.ndarray, params: list[torch.Tensor], order: list[int], mod
         "optimizer_ms": float(med[2]),
         "ready_ms": tuple(float(x) for x in med[3:]),
         "nbytes": tuple(p.numel() * p.element_size() for p in params),
+        "grad_bytes": grad_bytes(model),  # the trainable parameters' (what DDP all-reduces): bytes
         "order": tuple(order),
         "spread": {"p10": [float(x) for x in p10[:3]], "p90": [float(x) for x in p90[:3]]},
         "ready_p10_ms": tuple(float(x) for x in p10[3:]),

@@ -232,9 +232,10 @@ class _NoInit(TorchFunctionMode):
 
 
 @functools.lru_cache(maxsize=8)
-def planned(cfg: StepConfig) -> tuple[str, tuple[tuple[int, ...], ...]]:
-    """(fingerprint, shapes of the trainable parameters) of `cfg`'s workload, computed where the sweep is
-    planned: on the meta device (no memory, no init) where the factory allows it, else on CPU."""
+def planned(cfg: StepConfig) -> tuple[str, tuple[tuple[int, ...], ...], tuple[int, ...]]:
+    """(fingerprint, shapes of the trainable parameters, bytes of every parameter in order) of `cfg`'s workload,
+    computed where the sweep is planned: on the meta device (no memory, no init) where the factory allows it,
+    else on CPU."""
     try:
         with torch.device("meta"), _NoInit():
             model = create(cfg).model
@@ -242,7 +243,8 @@ def planned(cfg: StepConfig) -> tuple[str, tuple[tuple[int, ...], ...]]:
         raise
     except Exception:  # noqa: BLE001 — a factory that needs real tensors: build it for real
         model = create(cfg).model
-    return fingerprint(model), tuple(tuple(p.shape) for p in model.parameters() if p.requires_grad)
+    shapes = tuple(tuple(p.shape) for p in model.parameters() if p.requires_grad)
+    return fingerprint(model), shapes, tuple(p.numel() * p.element_size() for p in model.parameters())
 
 
 def planned_fingerprint(cfg: StepConfig) -> str:
