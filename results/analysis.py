@@ -107,11 +107,18 @@ def gradient_checks(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
 
 
+PLANTS = {"injected_slowdown": "DDPSWEEP_SLOWDOWN", "injected_corruption": "DDPSWEEP_CORRUPT"}
+PLANTS |= {"injected_jitter": "DDPSWEEP_JITTER"}
+"""Row columns of the benchmarks' plants (trainers.plants) and the variables that set them."""
+
+
 def planted(rows: pd.DataFrame) -> pd.Series:
-    """Per row: measured with a planted slowdown (benchmarks only: DDPSWEEP_SLOWDOWN), never an answer."""
-    if "injected_slowdown" not in rows:
-        return pd.Series(False, index=rows.index)
-    return rows["injected_slowdown"].fillna(0).astype(float) != 0
+    """Per row: measured under a plant (benchmarks only: a slowdown, a gradient corruption or jitter), never an
+    answer."""
+    out = pd.Series(False, index=rows.index)
+    for column in (c for c in PLANTS if c in rows):
+        out |= pd.to_numeric(rows[column], errors="coerce").fillna(0).astype(float) != 0
+    return out
 
 
 def ok_cells(rows: pd.DataFrame) -> pd.DataFrame:

@@ -294,6 +294,7 @@ def check_rows(table: pa.Table, source: pa.DictionaryArray, skipped: set[str] | 
         filed = pc.and_(filed, agrees)
     labelled = pc.and_(_labels_ok(table["cluster"]), _labels_ok(table["sweep_id"]))
     keep = pc.and_(pc.and_(possible, filed), labelled)
+    table = checked_verdicts(table)
     if pc.all(keep).as_py():
         return table
     paths = source.dictionary.to_pylist()
@@ -308,6 +309,26 @@ def check_rows(table: pa.Table, source: pa.DictionaryArray, skipped: set[str] | 
             if skipped is not None:
                 skipped.add(paths[i])
     return table.filter(keep)
+
+
+VERDICTS = ("exact", "approximate", "failed", "indeterminate", "off")
+"""The gradient check's labels (trainers.gradcheck); null: not checked in that measurement."""
+
+
+def checked_verdicts(table: pa.Table) -> pa.Table:
+    """`grad_check` as decisions may read it: a label the check never writes reads as failed, and so does `exact`
+    with an error beyond the row's own tolerance (a row is data, and a wrong label must not make it an answer)."""
+    if "grad_check" not in table.column_names:
+        return table
+    label = table["grad_check"]
+    unknown = pc.invert(pc.is_in(label, pa.array(VERDICTS))).fill_null(False)
+    if {"grad_rel_error", "grad_tol"} <= set(table.column_names):
+        beyond = pc.greater(table["grad_rel_error"], table["grad_tol"]).fill_null(False)
+        unknown = pc.or_(unknown, pc.and_(pc.equal(label, "exact").fill_null(False), beyond))
+    if not pc.any(unknown).as_py():
+        return table
+    fixed = pc.if_else(unknown, pa.scalar("failed", label.type), label)
+    return table.set_column(table.schema.get_field_index("grad_check"), "grad_check", fixed)
 
 
 class RowCache:

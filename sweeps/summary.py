@@ -179,7 +179,8 @@ def _flag_lines(rows: pd.DataFrame, cells: pd.DataFrame) -> list[str]:
     out += _check_lines(rows, cells)
     slowed = analysis.planted(rows)
     if slowed.any():
-        out.append(f"planted: {int(slowed.sum())} measurement(s) slowed on purpose (DDPSWEEP_SLOWDOWN) left out")
+        names = ", ".join(analysis.PLANTS.values())
+        out.append(f"planted: {int(slowed.sum())} measurement(s) under a benchmark's plant ({names}) left out")
     insync = rows["replicas_in_sync"] == False  # noqa: E712
     if insync.any():
         out.append(f"replicas out of sync: {int(insync.sum())} measurement(s) left out of the figures above")
