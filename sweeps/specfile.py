@@ -59,6 +59,7 @@ def load_spec_text(path: str | Path) -> tuple[SweepSpec, str]:
 
 MAX_SPEC_NODES = 100_000  # YAML nodes after aliases are expanded: an alias bomb stops here
 MAX_SPEC_DEPTH = 20  # nesting levels (a spec needs 3)
+MAX_DIGITS = 18  # of an integer: every count in a spec fits, and Python refuses to read 4,300 or more
 MAX_LIST = 1_000  # values in one list (a grid axis has at most MAX_AXIS_VALUES), refused before anything expands
 
 
@@ -92,9 +93,13 @@ def _check_shape(node: yaml.Node, path: str = "", depth: int = 0, seen: list | N
             "a structure too large or too deep",
             f"at most {MAX_SPEC_DEPTH} levels and {MAX_SPEC_NODES} values once aliases are expanded",
         )
+    if isinstance(node, yaml.ScalarNode) and node.tag.endswith(":int") and len(node.value.lstrip("+-")) > MAX_DIGITS:
+        raise SpecError(path.rstrip(".") or "SPEC", f"a number of {len(node.value)} digits", f"at most {MAX_DIGITS}")
     if isinstance(node, yaml.MappingNode):
         keys: set[str] = set()
         for key, value in node.value:
+            if not isinstance(key, yaml.ScalarNode):
+                raise SpecError(f"{path}?", f"a {key.id} as a key (line {key.start_mark.line + 1})", "field names")
             if key.value in keys:
                 raise SpecError(f"{path}{key.value}", "given twice", "each field once")
             keys.add(key.value)

@@ -407,3 +407,30 @@ def test_bf16_on_a_machine_without_gpus_is_refused_before_ray_with_the_field():
     with pytest.raises(SpecError) as e:
         runner.check_local(plan)  # use_gpu: auto on this CPU machine
     assert e.value.field == "comm_hook[0]" and "CUDA" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("name: x\n? [a, b]\n: 1\n", "?"),
+        ("name: x\nbucket_cap_mb: [{? {a: 1}: 1}]\n", "bucket_cap_mb.[0].?"),
+        ("name: x\nrepeats: " + "9" * 5000 + "\n", "repeats"),
+        ('{"name": "x", "seed": -' + "1" * 5000 + "}", "seed"),
+    ],
+    ids=["complex-key", "nested-complex-key", "huge-int", "huge-json-int"],
+)
+def test_yaml_keys_that_are_not_names_and_huge_numbers_are_one_line_naming_the_field(tmp_path, text, field):
+    from fastapi.testclient import TestClient
+    from typer.testing import CliRunner
+
+    from service.api import ServiceSettings, create_app
+    from service.cli import app
+
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    out = CliRunner().invoke(app, ["run", str(path), "--dry-run"])
+    assert out.exit_code == 2 and out.output.startswith(f"error: {field}: got"), out.output
+    assert len(out.output.strip().splitlines()) == 1 and "Traceback" not in out.output
+    c = TestClient(create_app(ServiceSettings(address=None, results=str(tmp_path / "r"), token="t")))
+    answer = c.post("/sweeps", content=text, headers={"Authorization": "Bearer t"})
+    assert answer.status_code == 422 and answer.json()["error"]["field"] == field
