@@ -164,13 +164,27 @@ def _same_measurement(stored: dict, spec: SweepSpec, sweep_id: str) -> None:
     for name in sorted(set(stored) | set(now)):
         if name in RESUMABLE or name not in stored:  # a field newer than the manifest: its default then
             continue
-        if json.dumps(stored[name], sort_keys=True) != json.dumps(now.get(name), sort_keys=True, default=str):
+        if _normal(stored[name]) != _normal(json.loads(json.dumps(now.get(name), default=str))):
             raise SpecError(
                 name,
                 now.get(name),
                 f"{stored[name]!r}, as sweep {sweep_id} was started (--resume continues the same measurement; "
                 "start a new sweep to measure differently)",
             )
+
+
+def _normal(value: object) -> object:
+    """A spec value as compared across a resume: numbers by value (1 and 1.0 are one bucket size), booleans apart
+    from numbers, lists in order, mappings by key."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return (type(value).__name__, value)
+    if isinstance(value, int | float):
+        return ("number", float(value))
+    if isinstance(value, list | tuple):
+        return tuple(_normal(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _normal(v)) for k, v in value.items()))
+    return ("other", str(value))
 
 
 CLAIM = "_claim.lock"  # in the sweep's folder: held by the one run measuring it (results.lease)

@@ -434,3 +434,19 @@ def test_yaml_keys_that_are_not_names_and_huge_numbers_are_one_line_naming_the_f
     c = TestClient(create_app(ServiceSettings(address=None, results=str(tmp_path / "r"), token="t")))
     answer = c.post("/sweeps", content=text, headers={"Authorization": "Bearer t"})
     assert answer.status_code == 422 and answer.json()["error"]["field"] == field
+
+
+def test_a_resume_compares_values_not_their_spelling(tmp_path):
+    from dataclasses import asdict
+
+    from sweeps.plan import plan_sweep
+
+    first = parse_spec("name: r\nworkers: [2]\nbucket_cap_mb: [0.05, 0.25, 1, 25]\n")
+    plan = plan_sweep(first, results=str(tmp_path), sweep_id="r1")
+    plan.store.write_manifest(plan.cluster, "r1", {"spec": asdict(first), "cells": [c.cell_id for c in plan.cells]})
+    again = parse_spec("name: r\nworkers: [2]\nbucket_cap_mb: [0.05, 0.25, 1.0, 25.0]\n")
+    assert [c.cell_id for c in expand(again)] == [c.cell_id for c in plan.cells]
+    assert plan_sweep(again, results=str(tmp_path), resume="r1").resumed
+    other = parse_spec("name: r\nworkers: [2]\nbucket_cap_mb: [0.05, 0.25, 1, 26]\n")
+    with pytest.raises(SpecError, match="as sweep r1 was started|the same spec the sweep was started with"):
+        plan_sweep(other, results=str(tmp_path), resume="r1")  # another grid is still refused
