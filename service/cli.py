@@ -16,7 +16,7 @@ import typer
 from service import cli_cluster, cli_results
 from service.cli_common import OldSweepIdOpt, echo, fail
 from service.errors import KNOWN_ERRORS
-from trainers.errors import ConfigError
+from trainers.errors import ConfigError, DDPSweepError
 
 if TYPE_CHECKING:
     from sweeps.spec import SweepSpec
@@ -314,27 +314,20 @@ for command in (*cli_results.COMMANDS, *cli_cluster.COMMANDS):
     app.command()(command)  # in this order in --help: measure, read the store, the cluster and the API
 
 
-STARTER = ("spec.yaml", "my_workload.py")  # what `init` writes (service/starter/)
-
-
 @app.command()
 def init(
     folder: Annotated[str, typer.Argument(help="where to write them (default: the current folder)")] = ".",
 ) -> None:
     """Start a sweep of your own model: writes spec.yaml and my_workload.py (a workload skeleton with the
     contract's three members) to edit, then `ddpsweep run spec.yaml --dry-run`. Never overwrites a file."""
-    from pathlib import Path
+    from service.scaffold import next_step, write_starter
 
-    starter = Path(__file__).resolve().parent / "starter"
-    target = Path(folder)
-    there = [name for name in STARTER if (target / name).exists()]
-    if there:
-        raise fail(f"{', '.join(str(target / n) for n in there)}: already there (init never overwrites a file)")
-    target.mkdir(parents=True, exist_ok=True)
-    for name in STARTER:
-        (target / name).write_text((starter / name).read_text())
-        echo(f"wrote {target / name}")
-    echo("next: ddpsweep run spec.yaml --dry-run   (the grid and whether this machine can run it; nothing starts)")
+    try:
+        for path in write_starter(folder):
+            echo(f"wrote {path}")
+    except DDPSweepError as e:
+        raise fail(str(e)) from None
+    echo(f"next: {next_step(folder)}   (the grid and whether this machine can run it; nothing starts)")
 
 
 def main() -> None:
