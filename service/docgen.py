@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import html
 import inspect
 import re
 import sys
@@ -31,9 +32,19 @@ def attribute_docs(cls: type) -> dict[str, str]:
     return out
 
 
+CODE_SPAN = re.compile(r"(`[^`]*`)")
+
+
+def _text(text: Any) -> str:
+    """Documentation text for a Markdown page: HTML in it is shown, never rendered (`<script>` is text), except
+    inside code spans, which Markdown already shows as written."""
+    parts = CODE_SPAN.split(str(text))
+    return "".join(p if i % 2 else html.escape(p, quote=False) for i, p in enumerate(parts))
+
+
 def _cell(text: Any) -> str:
-    """A value for a Markdown table cell: one line, pipes escaped."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """A value for a Markdown table cell: one line, pipes escaped, HTML shown as text."""
+    return _text(" ".join(str(text).split())).replace("|", "\\|")
 
 
 def _default(f: dataclasses.Field) -> str:
@@ -184,7 +195,7 @@ def cli_reference() -> str:
         "",
     ]
     for name, cmd in cli_commands().items():
-        lines += [f"## `ddpsweep {name}`", "", inspect.cleandoc(cmd.help or ""), ""]
+        lines += [f"## `ddpsweep {name}`", "", _text(inspect.cleandoc(cmd.help or "")), ""]
         args = [p for p in cmd.params if p.param_type_name == "argument"]
         opts = options(cmd)
         for a in args:

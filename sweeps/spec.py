@@ -167,6 +167,11 @@ class SweepSpec(_SpecKnobs):
         if True not in self.compile:
             given = {"optimize_ddp": [OPTIMIZE_DDP[0]], "compile_backend": "inductor", "compile_mode": "default"}
             out += [f"{n}: no effect without compile: [true]" for n, v in given.items() if getattr(self, n) != v]
+        if True in self.compile and self.compile_mode == "reduce-overhead" and self.use_gpu is False:
+            out.append(
+                "compile_mode: reduce-overhead captures CUDA graphs, which do nothing on CPU (use_gpu: false): "
+                "those cells measure what compile_mode: default does"
+            )
         if self.workload_args and self.workload is None:
             out.append("workload_args: no effect without workload (the preset takes no arguments)")
         if self.model_k is not None and self.search != "model":

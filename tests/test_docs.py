@@ -143,3 +143,20 @@ def test_ci_runs_the_test_command_the_readme_gives():
     makefile = (ROOT / "Makefile").read_text()
     test_recipe = makefile[makefile.index("\ntest:") :].split("\n\n")[0]
     assert "$(STAMP)" in test_recipe and "python -m pytest -q" in test_recipe and "python -m pytest -q" in readme
+
+
+def test_html_in_a_docstring_is_shown_as_text_on_the_reference_pages(monkeypatch):
+    doc = "runs <script>alert(1)</script> & more; the path `cluster=<c>/x` stays as written"
+    monkeypatch.setattr(docgen, "spec_docs", lambda: {"evil": ("str", "-", doc)})
+    page = docgen.spec_reference()
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt; &amp; more" in page
+    assert "`cluster=<c>/x`" in page  # a code span shows its text as written already
+
+
+def test_reduce_overhead_on_cpu_is_warned_about():
+    from sweeps.specfile import parse_spec
+
+    cpu = parse_spec("name: x\ncompile: [true]\ncompile_mode: reduce-overhead\nuse_gpu: false\n")
+    assert any("CUDA graphs, which do nothing on CPU" in w for w in cpu.warnings())
+    gpu = parse_spec("name: x\ncompile: [true]\ncompile_mode: reduce-overhead\nuse_gpu: true\n")
+    assert not any("CUDA graphs" in w for w in gpu.warnings())
