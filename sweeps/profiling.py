@@ -14,6 +14,15 @@ import ray
 
 from sweeps.spec import SweepSpec
 from trainers.config import StepConfig
+from trainers.errors import DDPSweepError
+
+PROFILE_TIMEOUT_S = 900.0  # one profile task on the cluster, from submission to its answer
+
+
+class ProfileTimeout(DDPSweepError):
+    """A profile task on the cluster did not answer in time (it was cancelled)."""
+
+    http_status = 504
 
 
 @dataclass(frozen=True)
@@ -60,7 +69,36 @@ class Profiler:
             self._gpu = self.spec.use_gpu is True or (
                 self.spec.use_gpu == "auto" and ray.cluster_resources().get("GPU", 0) > 0
             )
+            self._check_fits()
         return self
+
+    def _check_fits(self) -> None:
+        """Refuse, before a task waits forever for resources, a profile no node of the cluster can run."""
+        from sweeps.preflight import ClusterResources, nodes_fitting
+        from sweeps.speccheck import SpecError
+
+        fits = nodes_fitting(self.spec.cpus_per_worker, self._gpu)
+        if not fits or fits[0][1] < 1:
+            found = ClusterResources.from_ray().describe()
+            self._stack.close()
+            need = f"{self.spec.cpus_per_worker:g} CPU(s)" + (" and a GPU" if self._gpu else "")
+            raise SpecError(
+                "cpus_per_worker",
+                self.spec.cpus_per_worker,
+                f"what one node of the cluster holds ({found}): the profile runs "
+                f"as one worker's task and needs {need} on one node",
+            )
+
+    def _get(self, ref):
+        """A task's answer within PROFILE_TIMEOUT_S; the task cancelled and one line beyond it."""
+        try:
+            return ray.get(ref, timeout=PROFILE_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            ray.cancel(ref, force=True)
+            raise ProfileTimeout(
+                f"the profile task on the cluster did not finish within {PROFILE_TIMEOUT_S:g} s (is the cluster busy? "
+                "`ray status` shows what is pending)"
+            ) from None
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
@@ -75,9 +113,9 @@ class Profiler:
     def device(self) -> Device:
         if not self.remote:
             return device_here(self._gpu)
-        return ray.get(self._task(device_here).remote(self._gpu))
+        return self._get(self._task(device_here).remote(self._gpu))
 
     def run(self, step: StepConfig) -> dict:
         if not self.remote:
             return profile_here(asdict(step), self._gpu, self.spec.cpus_per_worker)
-        return ray.get(self._task(profile_here).remote(asdict(step), self._gpu, self.spec.cpus_per_worker))
+        return self._get(self._task(profile_here).remote(asdict(step), self._gpu, self.spec.cpus_per_worker))

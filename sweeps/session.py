@@ -22,6 +22,8 @@ from contextlib import contextmanager
 import ray
 
 from sweeps import machine
+from sweeps.speccheck import SpecError
+from trainers.errors import ClusterUnreachable
 
 
 class Terminated(KeyboardInterrupt):
@@ -122,7 +124,7 @@ def ray_session(address: str | None, verbose: bool) -> Iterator[None]:
 
 def _init(address: str | None, embedded: bool, quiet: dict) -> None:
     if not embedded:
-        ray.init(address=address, **quiet)
+        _join(address, quiet)
         return
     # The dashboard serves the state API that Ray Train's placement-group cleaner needs to free
     # the resources of a cell killed at cell_timeout_s; without it they stay reserved.
@@ -132,6 +134,22 @@ def _init(address: str | None, embedded: bool, quiet: dict) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
     dashboard = _dashboard_installed()
     ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=dashboard, dashboard_host="127.0.0.1", **quiet)
+
+
+def _join(address: str | None, quiet: dict) -> None:
+    """Attach to a running cluster; a bad address or a cluster that cannot be joined is one line naming it."""
+    field, given = ("--address", address) if address else ("RAY_ADDRESS", os.environ.get("RAY_ADDRESS"))
+    try:
+        ray.init(address=address, **quiet)
+    except ValueError as e:
+        allowed = "a Ray head as HOST:PORT (its GCS, 6379), ray://HOST:10001, or auto"
+        raise SpecError(field, given, f"{allowed} ({_first_line(e)})") from None
+    except (ConnectionError, RuntimeError, TimeoutError, ray.exceptions.RayError) as e:
+        raise ClusterUnreachable(f"cannot join the Ray cluster at {given} ({field}): {_first_line(e)}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
 def _dashboard_installed() -> bool:

@@ -36,11 +36,18 @@ LONG = (
 
 
 @pytest.fixture(scope="module")
-def head():
-    """A real Ray head with its job server on loopback (auth off here; see test_service_auth.py)."""
+def head_info():
+    """A real Ray head with its job server on loopback (auth off here; see test_service_auth.py): (job server
+    address, GCS address)."""
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    with ray_head("disabled") as address:
-        yield address
+    info: dict = {}
+    with ray_head("disabled", info=info) as address:
+        yield address, info["gcs"]
+
+
+@pytest.fixture(scope="module")
+def head(head_info):
+    return head_info[0]
 
 
 @pytest.fixture
@@ -219,3 +226,30 @@ def test_submit_ships_the_folder_that_holds_the_workload(head, tmp_path):
         time.sleep(2)
     rows = load(str(tmp_path / "store"), sweep=sweep_id)
     assert len(rows) == 3 and set(rows["status"]) == {"ok"} and set(rows["workload"]) == {"theirs_remote:make"}
+
+
+def test_predict_on_a_cluster_that_cannot_place_its_profile_says_so_at_once(head_info, tmp_path):
+    """The head has 2 CPUs; a profile task of 4 would wait forever: refused before it is submitted."""
+    import subprocess
+    import sys
+
+    from tests.test_predict import SPEC, calibrate
+
+    root = str(tmp_path / "r")
+    calibrate(root)
+    spec = tmp_path / "p.yaml"
+    spec.write_text(SPEC + "cpus_per_worker: 4\n")
+    exe = Path(sys.executable).parent / "ddpsweep"
+    began = time.monotonic()
+    run = [str(exe), "predict", str(spec), "--results", root, "--address", head_info[1]]
+    done = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and time.monotonic() - began < 60
+    assert done.stderr.strip().splitlines()[-1].startswith("error: cpus_per_worker: got 4;"), done.stderr[-2000:]
+    assert "1 node(s): 2 CPU/0 GPU" in done.stderr and "Traceback" not in done.stderr
+    garbage = subprocess.run(
+        run[:-2], capture_output=True, text=True, timeout=120, env=os.environ | {"RAY_ADDRESS": "garbage"}
+    )
+    assert garbage.returncode == 2 and garbage.stderr.strip().splitlines()[-1].startswith(
+        "error: RAY_ADDRESS: got 'garbage'"
+    )
+    assert "Traceback" not in garbage.stderr

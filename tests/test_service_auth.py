@@ -30,10 +30,24 @@ def ddpsweep(address: str, *args: str, **env: str) -> subprocess.CompletedProces
 
 
 def test_jobs_commands_authenticate_with_the_cluster_token(tmp_path):
-    with ray_head("token") as address:
+    info: dict = {}
+    with ray_head("token", info=info) as address:
         with_token = ddpsweep(address, "status", RAY_AUTH_MODE="token")
         assert with_token.returncode == 0, with_token.stderr[-2000:]
         assert "no sweeps on this cluster" in with_token.stdout
         no_token = ddpsweep(address, "status", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(tmp_path / "none"))
         assert no_token.returncode == 2  # the head really requires the token
         assert "token" in no_token.stderr.lower() and "Traceback" not in no_token.stderr
+        spec = tmp_path / "p.yaml"
+        spec.write_text("name: p\ncluster: lab\nworkers: [1]\nmicro_batch: 2\nseq_len: 16\n")
+        refused = ddpsweep(
+            info["gcs"],
+            "predict",
+            str(spec),
+            "--results",
+            str(tmp_path / "r"),
+            RAY_AUTH_MODE="token",
+            RAY_AUTH_TOKEN_PATH=str(tmp_path / "none"),
+        )  # joining the cluster itself (not its job server) without the token: one line
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+        assert refused.stderr.strip().splitlines()[-1].startswith("error: "), refused.stderr[-2000:]

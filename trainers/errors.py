@@ -10,6 +10,7 @@ DDPSweepError                    500  base of every error ddpsweep raises on pur
 │   └── sweeps.spec.SpecError    422  a sweep spec field or command-line option is invalid
 ├── trainers.collectives.CalibrationError   500  an all-reduce returned a wrong sum
 ├── StepError                    500  a cell's step cannot be measured as set (kept recompiling, ran no collective)
+├── ClusterUnreachable           503  the Ray cluster at an address could not be joined (refused, auth, version)
 └── service.jobs.JobsError       503  Ray Jobs unreachable or refusing (SweepNotFound: 404)
 """
 
@@ -43,6 +44,12 @@ class StepError(DDPSweepError):
     """A cell's step cannot be measured as configured: a compiled step that never stopped recompiling, or a
     distributed step that ran no all-reduce (its gradients were never synchronized). The cell's row is an error
     row; the worker group goes on."""
+
+
+class ClusterUnreachable(DDPSweepError):
+    """The Ray cluster named by --address or RAY_ADDRESS could not be joined; the message names it and why."""
+
+    http_status = 503
 
 
 ALLOW_WORKLOAD_ENV = "DDPSWEEP_ALLOW_WORKLOAD"
