@@ -321,7 +321,7 @@ def checked_verdicts(table: pa.Table) -> pa.Table:
     if "grad_check" not in table.column_names:
         return table
     label = table["grad_check"]
-    unknown = pc.invert(pc.is_in(label, pa.array(VERDICTS))).fill_null(False)
+    unknown = pc.and_(pc.is_valid(label), pc.invert(pc.is_in(label, pa.array(VERDICTS))))
     if {"grad_rel_error", "grad_tol"} <= set(table.column_names):
         beyond = pc.greater(table["grad_rel_error"], table["grad_tol"]).fill_null(False)
         unknown = pc.or_(unknown, pc.and_(pc.equal(label, "exact").fill_null(False), beyond))

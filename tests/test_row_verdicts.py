@@ -44,3 +44,11 @@ def test_a_doubtful_row_is_never_the_recommended_configuration(tmp_path, change)
 def test_the_same_rows_without_the_doubt_recommend_25_mb(tmp_path):
     (one,) = [r for r in recommend(load(_store(tmp_path, {}))) if r["gas"] == 1]
     assert one["best"]["bucket_cap_mb"] == 25.0
+
+
+def test_a_measurement_that_was_not_checked_stays_unchecked(tmp_path):
+    rows = load(_store(tmp_path, {"grad_check": None, "grad_rel_error": None}))
+    assert not (rows["grad_check"] == "failed").any()
+    assert rows.loc[rows["grad_check"].isna(), "mode"].value_counts().to_dict() == {"single": 3, "ddp": 3}
+    (one,) = [r for r in recommend(rows) if r["gas"] == 1]
+    assert one["best"]["bucket_cap_mb"] == 25.0
