@@ -1,6 +1,7 @@
 # Two commands for a fresh clone (each sets everything up on first use, then is a no-op for set-up):
 #   make smoke   the smoke sweep on the embedded local Ray, then its summary
 #   make test    the test suite (what CI runs)
+#   make check   the fast tier for every edit: ruff, then the tests that start no Ray, server rig or browser
 # The manual steps they perform are in README.md.
 
 PYTHON ?= python3
@@ -8,7 +9,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: smoke test setup clean browser gpu-check device-bundle docs
+.PHONY: smoke test check lint setup clean browser gpu-check device-bundle docs
 
 setup: $(STAMP)
 
@@ -37,6 +38,15 @@ browser:
 
 test: $(STAMP) browser
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
+
+FAST := not ray and not slow and not netns and not browser and not s3
+
+check: $(STAMP) lint
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -m "$(FAST)"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # The GPU path in one command (benchmarks/gpu_check.sh): on a machine without CUDA it says so and exits 0.
 # Needs no set-up (a GPU machine may reach no registry): Ray and the rest come from the device bundle.

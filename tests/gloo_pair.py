@@ -19,13 +19,15 @@ import torch.distributed as dist  # noqa: E402
 
 from sweeps.bind import bind_gloo  # noqa: E402
 
+TIMEOUT_S = {"bind": 20, "nobind": 4}  # nobind is expected to fail: it need not wait long to
+
 
 def main(rank: int, node_ip: str, store: str, how: str) -> None:
     if how == "bind":
         print("bound to", bind_gloo(node_ip), flush=True)
     try:
         dist.init_process_group(
-            "gloo", init_method=f"tcp://{store}", rank=rank, world_size=2, timeout=timedelta(seconds=20)
+            "gloo", init_method=f"tcp://{store}", rank=rank, world_size=2, timeout=timedelta(seconds=TIMEOUT_S[how])
         )
         group = dist.new_group(backend="gloo")
         x = torch.ones(4) * (rank + 1)

@@ -118,6 +118,7 @@ def test_the_summary_sets_world_size_1_cells_beside_the_profile(tmp_path):
     from results.store import Store
     from sweeps.specfile import parse_spec
     from tests.test_identity import base
+    from trainers import workload
 
     text = (SPECS / "1_main.yaml").read_text().replace("model: gpt2-124m", "model: tiny")
     text = text.replace("micro_batch: 12", "micro_batch: 4").replace("seq_len: 1024", "seq_len: 32")
@@ -136,6 +137,7 @@ def test_the_summary_sets_world_size_1_cells_beside_the_profile(tmp_path):
         for rep in range(3):
             r = base("gpu-check", rep, predicted[cell.cell_id] * 1.1) | knobs | {"cell_id": cell.cell_id}
             r |= {"device_type": "cpu", "torch_version": torch.__version__, "workers_per_node": 1}
+            r |= {"grad_bytes": sum(workload.planned(cell.step)[2])}  # the model the profile is of
             store.write_row({k: v for k, v in r.items() if k in set(COLUMNS)} | {"sweep_id": "1_main"})
     from results.store import load
 
