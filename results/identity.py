@@ -1,6 +1,6 @@
 """What makes two rows the same configuration, derived from the one declaration of the knobs.
 
-The declaration is trainers/knobs.json, read by results.knobs.
+The declaration is trainers.knobs (typed dataclass fields, torch-free).
 
 Every view groups, pairs or draws by these lists, never by a list of its own: two rows that differ in any knob
 are two configurations, and no analysis, comparison, race, recommendation, scaling series or summary line

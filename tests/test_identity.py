@@ -11,7 +11,6 @@ import pytest
 from results import analysis, compare, identity, racing, recommend, scaling
 from sweeps.summary import summary_text
 from tests.seed_rows import row
-from trainers import knobs as trainer_knobs
 from trainers.knobs import GRID_AXES, KNOBS, SWEPT, UNSET, Knob
 
 
@@ -165,22 +164,6 @@ def test_every_ddp_axis_of_the_table_is_a_spec_list_crossed_into_cells_of_their_
     )
     slot = Slot(cell=ddp[1], repeat=0, round=0, order_in_round=0)
     assert build_row(slot, ctx, started=datetime.now(UTC), wall_s=1.0, error="x")[knob.name] == value
-
-
-def test_results_reads_the_same_table_as_trainers():
-    """results.knobs reads trainers/knobs.json as data (results never imports trainers): every field it keeps reads
-    as trainers.knobs reads it, so the row columns, older rows and view keys come from the one declaration."""
-    from results import knobs as read
-
-    assert [k.name for k in read.KNOBS] == [k.name for k in KNOBS]
-    assert [k.name for k in read.STEP_KNOBS] == [k.name for k in trainer_knobs.STEP_KNOBS]
-    fields = [f for f in read.Knob.__dataclass_fields__ if f != "applies"]
-    for ours, theirs in zip(read.KNOBS, KNOBS, strict=True):
-        assert {f: repr(getattr(ours, f)) for f in fields} == {f: repr(getattr(theirs, f)) for f in fields}
-        assert ours.applies == {v: n for n, v in trainer_knobs.APPLIES.items()}.get(theirs.applies)
-        assert repr(ours.value_off) == repr(theirs.value_off)
-    assert read.table_path() == trainer_knobs.TABLE
-    assert read.SWEPT == SWEPT
 
 
 def _predicted_pair(knob: Knob) -> pd.DataFrame:

@@ -4,32 +4,20 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field, make_dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, field
 
 from trainers.errors import ConfigError
-from trainers.knobs import BY_NAME, COMM_HOOKS, MODES, STEP_KNOBS, TIMINGS, check
+from trainers.knobs import BY_NAME, COMM_HOOKS, MODES, STEP_KNOBS, TIMINGS, StepKnobs, check
 from trainers.presets import PRESETS
 
 __all__ = ["COMM_HOOKS", "MODES", "TIMINGS", "Measurement", "StepConfig", "canonical_args"]
 
 WORKLOAD_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
-# StepConfig's fields, one per knob of trainers.knobs.STEP_KNOBS (its docstrings are there, in `metadata`)
-_StepKnobs = make_dataclass(
-    "_StepKnobs",
-    [
-        (k.name, Any, field(default=k.default, metadata={"doc": k.doc, "knob": k}))  # type: ignore[misc]
-        for k in STEP_KNOBS
-    ],
-    frozen=True,
-    kw_only=True,
-)
-
 
 @dataclass(frozen=True, kw_only=True)
-class StepConfig(_StepKnobs):
-    """One cell's training step, as every rank runs it: one field per knob of `trainers.knobs.STEP_KNOBS`.
+class StepConfig(StepKnobs):
+    """One cell's training step, as every rank runs it: one field per knob of `trainers.knobs.StepKnobs`.
 
     Each field is checked against its knob; a knob that does not apply to the cell (`Knob.applies`, e.g. the
     bucket outside ddp mode) reads its `off` value, so one cell has one spelling."""
