@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import typer
 
 from service import cli_cluster, cli_results
-from service.cli_common import OldSweepIdOpt, echo, fail
+from service.cli_common import echo, fail
 from service.errors import KNOWN_ERRORS
 from trainers.errors import ConfigError, DDPSweepError
 
@@ -67,7 +67,6 @@ def run(
     sweep: Annotated[
         str | None, typer.Option("--sweep", metavar="SWEEP", help="the id of the new sweep (default: generated)")
     ] = None,
-    sweep_id: OldSweepIdOpt = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="print the grid and start nothing (no workload code runs)")
     ] = False,
@@ -89,13 +88,12 @@ def run(
     stop_on_signals(session)
     allow(allow_workload or [])
     try:
-        sweep_id = sweep or sweep_id
         plan = plan_sweep(
             load_spec(spec),
             results=results,
             cluster=cluster,
             resume=resume,
-            sweep_id=sweep_id,
+            sweep_id=sweep,
             address=address,
             dry_run=dry_run,
         )

@@ -8,14 +8,13 @@ from typing import Annotated
 
 import typer
 
-from service.cli_common import DEFAULT_RESULTS, DashboardOpt, OldAddressOpt, ResultsOpt, echo, fail
+from service.cli_common import DEFAULT_RESULTS, DashboardOpt, ResultsOpt, echo, fail
 from service.errors import KNOWN_ERRORS
 
 
 def submit(
     spec: Annotated[str, typer.Argument(help="YAML sweep spec")],
     dashboard: DashboardOpt = None,
-    address: OldAddressOpt = None,
     cluster: Annotated[str | None, typer.Option(help="cluster label for the rows; default: the spec's")] = None,
     results: Annotated[str | None, typer.Option(help="results root every node can reach; default: the spec's")] = None,
     workdir: Annotated[
@@ -25,7 +24,7 @@ def submit(
 ) -> None:
     """Submit a sweep to a Ray cluster as a Ray Job (validated here first; nothing submitted on error). A spec
     naming your own workload ships --workdir (default: the current directory) with the job."""
-    address = dashboard or address
+    address = dashboard
     from service import jobs
     from sweeps.specfile import load_spec_text
 
@@ -42,10 +41,9 @@ def submit(
 def status(
     sweep_id: Annotated[str | None, typer.Argument(help="one sweep (default: all)")] = None,
     dashboard: DashboardOpt = None,
-    address: OldAddressOpt = None,
 ) -> None:
     """Each sweep on the cluster (or one): its job state, cells written / planned, errors, where its rows go."""
-    address = dashboard or address
+    address = dashboard
     from service import jobs
 
     try:
@@ -64,11 +62,10 @@ def status(
 def logs(
     sweep_id: Annotated[str, typer.Argument(help="the sweep id")],
     dashboard: DashboardOpt = None,
-    address: OldAddressOpt = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="stream until the job ends")] = False,
 ) -> None:
     """The sweep job's output (progress lines, the summary, errors); --follow streams it until the job ends."""
-    address = dashboard or address
+    address = dashboard
     import asyncio
 
     from service import jobs
@@ -93,10 +90,9 @@ def logs(
 def stop(
     sweep_id: Annotated[str, typer.Argument(help="the sweep id")],
     dashboard: DashboardOpt = None,
-    address: OldAddressOpt = None,
 ) -> None:
     """Stop a running sweep (rows already written stay)."""
-    address = dashboard or address
+    address = dashboard
     from service import jobs
 
     try:
@@ -110,7 +106,6 @@ def serve(
     host: Annotated[str, typer.Option(help="interface to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port", min=1, max=65535)] = 8000,
     dashboard: DashboardOpt = None,
-    address: OldAddressOpt = None,
     results: ResultsOpt = DEFAULT_RESULTS,
     token: Annotated[str | None, typer.Option(help="bearer token for mutating endpoints (or DDPSWEEP_TOKEN)")] = None,
     allow_host: Annotated[
@@ -159,7 +154,7 @@ def serve(
     hosts = ("127.0.0.1", "localhost", "[::1]", "::1") if loopback else None  # beyond loopback: the token guards
     hosts = (*hosts, *allow_host) if hosts is not None else None
     settings = ServiceSettings(
-        address=dashboard or address,
+        address=dashboard,
         results=results,
         token=token,
         public_reads=loopback,

@@ -15,8 +15,6 @@ DashboardOpt = Annotated[
         "--dashboard", metavar="URL", help="the Ray dashboard (job server), e.g. http://HEAD:8265; or RAY_ADDRESS"
     ),
 ]
-OldAddressOpt = Annotated[str | None, typer.Option("--address", hidden=True, help="the old name of --dashboard")]
-OldSweepIdOpt = Annotated[str | None, typer.Option("--sweep-id", hidden=True, help="the old name of --sweep")]
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:

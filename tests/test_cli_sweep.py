@@ -90,7 +90,7 @@ def test_driver_killed_mid_group_then_resume_measures_only_the_missing_pairs(tmp
     mini = SMOKE.read_text().replace("gas: [1, 2]", "gas: [1]").replace("repeats: 3", "repeats: 2")
     spec.write_text(mini)  # 2 rounds of a baseline and 3 buckets
     results = tmp_path / "store"
-    proc = ddpsweep("run", str(spec), "--results", str(results), "--sweep-id", "interrupted")
+    proc = ddpsweep("run", str(spec), "--results", str(results), "--sweep", "interrupted")
     store = Store.open(str(results))
     deadline = time.time() + 300
     while len(store.files()) < 4 and time.time() < deadline:  # the first round's rows
@@ -117,7 +117,7 @@ def test_ctrl_c_and_sigterm_say_interrupted_print_the_resume_command_and_exit(tm
     spec = tmp_path / "mini.yaml"
     spec.write_text(SMOKE.read_text().replace("gas: [1, 2]", "gas: [1]"))
     results = tmp_path / "store"
-    proc = ddpsweep("run", str(spec), "--results", str(results), "--sweep-id", "ctrlc")
+    proc = ddpsweep("run", str(spec), "--results", str(results), "--sweep", "ctrlc")
     store = Store.open(str(results))
     deadline = time.time() + 300
     rows = 1 if sig == signal.SIGINT else 0  # SIGINT: once a row is written; SIGTERM: once Ray is up, the plan written

@@ -49,7 +49,7 @@ def test_a_full_disk_stops_the_sweep_with_a_resume_command_and_resume_completes_
     for old, new in small.items():
         text = text.replace(old, new)
     spec.write_text(text)  # a baseline and one DDP cell, 2 rounds: 4 measurements, 2 rows fit on the disk
-    proc = ddpsweep("run", str(spec), "--results", str(small_disk), "--sweep-id", "full")
+    proc = ddpsweep("run", str(spec), "--results", str(small_disk), "--sweep", "full")
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 2, err[-3000:]
     assert "Traceback" not in err and "TuneError" not in err, err[-3000:]

@@ -124,16 +124,14 @@ def test_init_then_a_dry_run_works_in_an_empty_folder_outside_the_checkout(tmp_p
     assert (tmp_path / "spec.yaml").read_text().startswith("# A sweep of your own model")
 
 
-def test_a_packaged_spec_runs_by_name_and_the_old_spellings_still_work(tmp_path):
-    dry = ddpsweep_here(tmp_path, "run", "smoke", "--dry-run", "--sweep-id", "old-name")
+def test_a_packaged_spec_runs_by_name(tmp_path):
+    dry = ddpsweep_here(tmp_path, "run", "smoke", "--dry-run", "--sweep", "by-name")
     assert dry.returncode == 0, dry.stderr
     assert "11 cells x 3 repeat(s) = 33 measurements" in dry.stdout
     unknown = ddpsweep_here(tmp_path, "run", "nosuchspec", "--dry-run")
     assert unknown.returncode == 2 and "smoke" in unknown.stderr and "seed" in unknown.stderr  # names what ships
     bad = ddpsweep_here(tmp_path, "recommend", "--format", "yaml", "--results", str(tmp_path))
     assert bad.returncode == 2 and "'text'" in bad.stderr and "'json'" in bad.stderr  # a closed set, listed
-    helped = ddpsweep_here(tmp_path, "status", "--help").stdout
-    assert "--dashboard" in helped and "--address" not in helped  # the old name works, hidden
 
 
 def test_ci_runs_the_test_command_the_readme_gives():

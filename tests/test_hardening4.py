@@ -624,5 +624,5 @@ def test_a_worker_env_that_segfaults_every_worker_is_named_in_the_rows(tmp_path)
 def test_submit_checks_its_workdir_before_contacting_the_cluster(tmp_path, workdir, says):
     spec = tmp_path / "s.yaml"
     spec.write_text('name: x\nworkers: [2]\nworkload: "mine.models:build"\n')
-    out = CliRunner().invoke(app, ["submit", str(spec), "--workdir", workdir, "--address", "http://127.0.0.1:9"])
+    out = CliRunner().invoke(app, ["submit", str(spec), "--workdir", workdir, "--dashboard", "http://127.0.0.1:9"])
     assert out.exit_code == 2 and out.output.startswith("error: --workdir") and says in out.output

@@ -32,7 +32,7 @@ def assert_nothing_left(pid: int) -> None:
 @pytest.mark.ray
 @pytest.mark.parametrize(("signals", "code"), [([signal.SIGINT, signal.SIGINT], 130), ([signal.SIGTERM], 143)])
 def test_an_interrupt_while_ray_starts_ends_cleanly(tmp_path, signals, code):
-    proc = ddpsweep("run", str(SMOKE), "--results", str(tmp_path), "--sweep-id", "early")
+    proc = ddpsweep("run", str(SMOKE), "--results", str(tmp_path), "--sweep", "early")
     wait_for_ray(proc.pid)
     for sig in signals:  # Ctrl-C twice, 0.3 s apart: the second one arrives while Ray starts or shuts down
         proc.send_signal(sig)

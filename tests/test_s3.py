@@ -77,7 +77,7 @@ def test_a_sweep_writes_to_s3_and_resumes_from_it(s3_server, tmp_path):
     spec = tmp_path / "s3.yaml"
     spec.write_text(SPEC)
     root = uri(s3_server, "sweep")
-    first = ddpsweep("run", str(spec), "--results", root, "--sweep-id", "s3-1")
+    first = ddpsweep("run", str(spec), "--results", root, "--sweep", "s3-1")
     assert first.returncode == 0, first.stderr[-3000:]
     store = Store.open(root)
     rows = store.read_table(cluster="local", sweep="s3-1").to_pylist()

@@ -107,7 +107,7 @@ def test_cli_submit_status_logs_and_stop_a_running_sweep(head, tmp_path):
     spec = tmp_path / "long.yaml"
     spec.write_text(LONG)
     runner = CliRunner()
-    base = ["--address", head]
+    base = ["--dashboard", head]
     out = runner.invoke(cli_app, ["submit", str(spec), *base, "--results", str(tmp_path / "store")])
     assert out.exit_code == 0, out.output
     sweep_id = out.output.split()[1]
@@ -215,13 +215,13 @@ def test_submit_ships_the_folder_that_holds_the_workload(head, tmp_path):
 
     folder = their_folder(tmp_path, "remote")
     runner = CliRunner()
-    args = ["submit", str(folder / "spec.yaml"), "--address", head, "--results", str(tmp_path / "store")]
+    args = ["submit", str(folder / "spec.yaml"), "--dashboard", head, "--results", str(tmp_path / "store")]
     out = runner.invoke(cli_app, [*args, "--workdir", str(folder)])
     assert out.exit_code == 0, out.output
     sweep_id = re.search(r"sweep (\S+) submitted", out.output).group(1)
     deadline = time.time() + 500
-    while "SUCCEEDED" not in (st := runner.invoke(cli_app, ["status", sweep_id, "--address", head]).output):
-        logs = "" if "FAILED" not in st else runner.invoke(cli_app, ["logs", sweep_id, "--address", head]).output
+    while "SUCCEEDED" not in (st := runner.invoke(cli_app, ["status", sweep_id, "--dashboard", head]).output):
+        logs = "" if "FAILED" not in st else runner.invoke(cli_app, ["logs", sweep_id, "--dashboard", head]).output
         assert time.time() < deadline and "FAILED" not in st, logs[-3000:]
         time.sleep(2)
     rows = load(str(tmp_path / "store"), sweep=sweep_id)

@@ -16,11 +16,12 @@ from tests.ray_head import ray_head
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parent.parent
+JOBS = {"submit", "status", "logs", "stop"}  # commands of the job server (--dashboard); others join the cluster
 
 
 def ddpsweep(address: str, *args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "service.cli", *args, "--address", address],
+        [sys.executable, "-m", "service.cli", *args, "--dashboard" if args[0] in JOBS else "--address", address],
         cwd=ROOT,
         capture_output=True,
         text=True,
