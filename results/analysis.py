@@ -365,32 +365,6 @@ def no_sync_gain(rows: pd.DataFrame) -> pd.DataFrame:
     return both.drop(columns=["step_ms_reps_sync", "step_ms_reps_no_sync"]).reset_index()
 
 
-def allreduce_bytes_per_rank(grad_bytes: float, world_size: int) -> float:
-    """Bytes each rank sends in a ring all-reduce of S bytes: 2(N−1)/N · S."""
-    return 2 * (world_size - 1) / world_size * grad_bytes
-
-
-def predicted_allreduce_ms(grad_bytes: float, algbw_bytes_per_s: float) -> float:
-    """All-reduce time with no overlap: S / algbw (ms)."""
-    return grad_bytes / algbw_bytes_per_s * 1e3
-
-
 def busbw_from_algbw(algbw_bytes_per_s: float, world_size: int) -> float:
     """nccl-tests' bus bandwidth: algbw · 2(N−1)/N."""
     return algbw_bytes_per_s * 2 * (world_size - 1) / world_size
-
-
-def measured_vs_predicted(rows: pd.DataFrame, algbw_bytes_per_s: float) -> pd.DataFrame:
-    """Single-bucket exposed communication beside the no-overlap all-reduce prediction."""
-    curve = u_curve(rows)
-    if curve.empty:
-        return curve
-    cells = ok_cells(rows)
-    grad = cells.groupby(BASELINE_KEYS, dropna=False)["grad_bytes"].max().rename("grad_bytes").reset_index()
-    out = curve.merge(grad, on=BASELINE_KEYS, how="left")
-    out["measured_single_bucket_overhead_ms"] = out["single_bucket_overhead_ms"]
-    out["predicted_allreduce_ms"] = out["grad_bytes"].map(lambda s: predicted_allreduce_ms(s, algbw_bytes_per_s))
-    out["bytes_per_rank"] = [
-        allreduce_bytes_per_rank(s, n) for s, n in zip(out["grad_bytes"], out["world_size"], strict=True)
-    ]
-    return out

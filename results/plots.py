@@ -160,31 +160,6 @@ def no_sync_figure(rows: pd.DataFrame) -> Figure:
     return _finish(fig, ax)
 
 
-def measured_vs_predicted_figure(rows: pd.DataFrame, algbw_bytes_per_s: float) -> Figure:
-    """Single-bucket exposed communication beside the no-overlap all-reduce prediction S / algbw."""
-    t = analysis.measured_vs_predicted(rows, algbw_bytes_per_s)
-    fig, ax = _subplots(figsize=(6, 4))
-    labels = [f"{r.cluster}\n{r.world_size} ranks gas={r.gas}" for r in t.itertuples()]
-    x = range(len(t))
-    measured = t["measured_single_bucket_overhead_ms"]
-    err = [
-        (measured - t["single_bucket_overhead_ms_ci_lo"]).fillna(0),
-        (t["single_bucket_overhead_ms_ci_hi"] - measured).fillna(0),
-    ]
-    ax.bar([i - 0.2 for i in x], measured, width=0.4, yerr=err, capsize=3, label="measured (largest bucket, 95%)")
-    ax.bar(
-        [i + 0.2 for i in x],
-        t["predicted_allreduce_ms"],
-        width=0.4,
-        label=f"predicted S/algbw ({algbw_bytes_per_s / 1e9:g} GB/s)",
-    )
-    ax.set_xticks(list(x), labels, fontsize=8)
-    ax.set(ylabel="communication (ms per step)", title="All-reduce: measured vs predicted")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
-
 def calibration_figure(calibration: pd.DataFrame) -> Figure:
     """busbw against message size (log x), a line per fit, with the α–β model's prediction dashed."""
     from results import costmodel

@@ -53,7 +53,6 @@ class Section:
 
 def figures(
     rows: pd.DataFrame,
-    algbw_bytes_per_s: float | None = None,
     calibration: pd.DataFrame | None = None,
     prediction: dict | None = None,
 ) -> dict[str, Figure]:
@@ -72,8 +71,6 @@ def figures(
             out["no_sync"] = plots.no_sync_figure(rows)
         if "comm_ms" in ddp and ddp["comm_ms"].notna().any():
             out["overlap"] = plots.overlap_figure(rows)
-        if algbw_bytes_per_s:
-            out["measured_vs_predicted"] = plots.measured_vs_predicted_figure(rows, algbw_bytes_per_s)
     return out
 
 
@@ -86,7 +83,6 @@ def _png(fig: Figure) -> bytes:
 def write_pngs(
     rows: pd.DataFrame,
     out_dir: str | Path,
-    algbw_bytes_per_s: float | None = None,
     calibration: pd.DataFrame | None = None,
     prediction: dict | None = None,
 ) -> list[Path]:
@@ -94,7 +90,7 @@ def write_pngs(
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     with RENDER_LOCK:
-        drawn = {stem: _png(fig) for stem, fig in figures(rows, algbw_bytes_per_s, calibration, prediction).items()}
+        drawn = {stem: _png(fig) for stem, fig in figures(rows, calibration, prediction).items()}
     for stem, png in drawn.items():
         path = out / f"{stem}.png"
         path.write_bytes(png)
@@ -252,7 +248,6 @@ def _sections(rows: pd.DataFrame, calibration: pd.DataFrame | None, prediction: 
 def render_html(
     rows: pd.DataFrame,
     title: str,
-    algbw_bytes_per_s: float | None = None,
     calibration: pd.DataFrame | None = None,
     prediction: dict | None = None,
 ) -> str:
@@ -260,8 +255,7 @@ def render_html(
     results.predicted's comparison), rendered from `results/templates/report.html` with every value escaped."""
     with RENDER_LOCK:
         images = [
-            (stem, base64.b64encode(_png(fig)).decode())
-            for stem, fig in figures(rows, algbw_bytes_per_s, calibration, prediction).items()
+            (stem, base64.b64encode(_png(fig)).decode()) for stem, fig in figures(rows, calibration, prediction).items()
         ]
     return PAGES.get_template("report.html").render(
         title=title,

@@ -178,7 +178,6 @@ def report(
     cluster: Annotated[list[str] | None, typer.Option("--cluster", help="clusters to include (default all)")] = None,
     sweep: Annotated[str | None, typer.Option("--sweep", help="one sweep id")] = None,
     fmt: Annotated[Literal["html", "png"], typer.Option("--format", help="one HTML page or PNG files")] = "html",
-    algbw_gbps: Annotated[float | None, typer.Option(help="all-reduce algbw (GB/s) for the cost model")] = None,
 ) -> None:
     """A self-contained HTML report (figures embedded, every table with its intervals), or the figures as PNGs."""
     import pandas as pd
@@ -191,19 +190,18 @@ def report(
         if fmt not in ("html", "png"):
             raise ConfigError("--format", fmt, "html or png")
         rows = pd.concat([load(results, cluster=c, sweep=sweep) for c in (cluster or [None])], ignore_index=True)
-        algbw = algbw_gbps * 1e9 if algbw_gbps else None
         calibration = pd.concat([load_calibration(results, c, sweep) for c in (cluster or [None])])
         newest = pd.concat([load_calibration(results, c) for c in (cluster or [None])])  # the model's t(bytes)
         model = predicted.for_rows(rows, Store.open(results).read_profiles().to_pandas(), newest)
         if fmt == "png":
-            written = write_pngs(rows, out, algbw, calibration, model)
+            written = write_pngs(rows, out, calibration, model)
             if not written:
                 raise ConfigError("--results", results, "a store with ok rows to draw (every row is an error)")
             for path in written:
                 echo(str(path))
             return
         title = f"ddpsweep report: {', '.join(cluster or ['all clusters'])}"
-        Path(out).write_text(render_html(rows, title, algbw, calibration, model))
+        Path(out).write_text(render_html(rows, title, calibration, model))
         echo(out)
     except KNOWN_ERRORS as e:
         raise fail(str(e)) from None

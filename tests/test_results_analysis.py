@@ -6,7 +6,6 @@ import pytest
 
 from results import analysis
 from results.store import Store, load
-from tests.seed_rows import GRAD_BYTES
 
 
 def test_scaling_efficiency_and_exposed_communication(seed_store):
@@ -42,22 +41,6 @@ def test_no_sync_gain_at_gas_4_with_the_gas1_baseline_fallback(seed_store):
     assert gain["saved_ms"] == pytest.approx(61.3, abs=0.15)
     assert gain["tokens_per_s_sync"] / 1e3 == pytest.approx(674.8, abs=0.05)
     assert gain["tokens_per_s_gain"] / 1e3 == pytest.approx(754.1 - 674.8, abs=0.15)
-
-
-def test_allreduce_cost_model_predicts_49_ms():
-    assert analysis.allreduce_bytes_per_rank(GRAD_BYTES, 8) == pytest.approx(2 * 7 / 8 * GRAD_BYTES)
-    assert analysis.predicted_allreduce_ms(GRAD_BYTES, 10.1e9) == pytest.approx(49.3, abs=0.1)
-    busbw = analysis.busbw_from_algbw(10.1e9, 8)
-    assert busbw == pytest.approx(17.675e9)
-    # equivalently 2(N-1)/N * S / busbw
-    assert analysis.allreduce_bytes_per_rank(GRAD_BYTES, 8) / busbw * 1e3 == pytest.approx(49.3, abs=0.1)
-
-
-def test_measured_vs_predicted_single_bucket_within_2_percent(seed_store):
-    mvp = analysis.measured_vs_predicted(load(seed_store), algbw_bytes_per_s=10.1e9)
-    gas1 = mvp[mvp["gas"] == 1].iloc[0]
-    assert gas1["measured_single_bucket_overhead_ms"] == pytest.approx(49.8, abs=0.01)
-    assert abs(gas1["measured_single_bucket_overhead_ms"] / gas1["predicted_allreduce_ms"] - 1) < 0.02
 
 
 def test_repeats_are_aggregated_by_median_and_errors_ignored(tmp_path):
