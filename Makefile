@@ -26,7 +26,7 @@ smoke: $(STAMP)
 
 # The docs site into build/site/: the references generated from the code first, then MkDocs, strict
 docs: $(STAMP)
-	$(BIN)/python -m service.docgen docs/reference
+	$(BIN)/python docs/docgen.py docs/reference
 	$(BIN)/mkdocs build --strict
 
 # The browser tier needs Debian's chromium + chromium-driver; installed here when possible (root, apt),

@@ -3,7 +3,7 @@ the spec from `SweepSpec` and the knob table, the row schema from `results/schem
 `results.query.VIEWS`, the CLI from the Typer app, the HTTP API from the OpenAPI document, the errors from the
 error tree.
 
-    python -m service.docgen docs/reference     # what `make docs` runs before `mkdocs build --strict`
+    python docs/docgen.py docs/reference     # what `make docs` runs before `mkdocs build --strict`
 """
 
 from __future__ import annotations
