@@ -70,7 +70,6 @@ def group_figures(rows: pd.DataFrame) -> pd.DataFrame:
                 "group_start_s": start,
                 "work_s": work,
                 "marginal_s": (wall - start - work) / len(g),
-                "parts": ", ".join(f"{k} {v:.1f}" for k, v in json.loads(g["group_setup_parts"].iloc[0]).items()),
             }
         )
     return pd.DataFrame(out)

@@ -54,7 +54,6 @@ PLACEMENT = [
     pa.field("order_seed", pa.int64()),  # round r is shuffled with Random(order_seed + r)
     pa.field("group_started_at", _TS),  # when the group's TorchTrainer was launched
     pa.field("group_setup_s", pa.float64()),  # launch -> workers ready for the first cell (worker-group start)
-    pa.field("group_setup_parts", pa.string()),  # JSON {part: s}: fit_task, controller, … warm_up (sweeps.startmarks)
     pa.field("control_step_ms", pa.float64()),  # this round's control probe (the group's first cell, short): median
     pa.field("control_rel_ci", pa.float64()),  # its own noise: half-width of its median's 95% interval, relative
     pa.field("search", pa.string()),  # grid | race (results.racing) | model (sweeps.modelsearch)

@@ -6,14 +6,12 @@ The trainer is Ray Train's `DataParallelTrainer` with `sweeps.backend.TorchBacke
 from __future__ import annotations
 
 import os
-import time
 
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from ray.util.queue import Queue
 
 from sweeps.backend import TorchBackendConfig
-from sweeps.controller import start_callbacks
 from sweeps.grid import Group
 from sweeps.options import TrialOptions, node_selectors, pinned, placement_for, worker_resources
 from sweeps.preflight import nodes_fitting
@@ -65,7 +63,6 @@ def build_trainer(group: Group, opts: TrialOptions, outbox: Queue, inbox: Queue 
             storage_path=opts.storage_path,
             failure_config=FailureConfig(max_failures=0, controller_failure_limit=0),
             worker_runtime_env={"env_vars": env} if env else None,
-            callbacks=start_callbacks(outbox),  # the group's start in parts (sweeps.startmarks)
         ),
     )
 
@@ -82,5 +79,4 @@ def fit_group(group: Group, opts: TrialOptions, outbox: Queue, inbox: Queue | No
     """Run the group on a fresh worker group; rows travel through `outbox` (rounds through `inbox` when the
     trial decides them), nothing is returned."""
     os.environ.update(TRAIN_ENV)
-    outbox.put({"kind": "start_marks", "marks": {"fit_task": time.time()}})
     build_trainer(group, opts, outbox, inbox).fit()

@@ -26,7 +26,6 @@ class RowContext:
     order_seed: int
     group_started_at: datetime
     group_setup_s: float | None = None  # known once the workers announce their first cell
-    group_setup_parts: str | None = None  # JSON: the group's start in parts (sweeps.startmarks.setup_parts)
     search: str = "grid"  # grid | race (results.racing) | model (sweeps.modelsearch)
     chosen: dict | None = None  # search: model — cell id -> {"why", "predicted_ms"}
     target_rel: float | None = None  # repeats: auto — the difference its rounds aim to resolve
@@ -89,7 +88,6 @@ def build_row(
         "order_seed": ctx.order_seed,
         "group_started_at": ctx.group_started_at,
         "group_setup_s": ctx.group_setup_s,
-        "group_setup_parts": ctx.group_setup_parts,
         "search": ctx.search,
         "model_choice": ((ctx.chosen or {}).get(cell.cell_id) or {}).get("why"),
         "model_predicted_ms": ((ctx.chosen or {}).get(cell.cell_id) or {}).get("predicted_ms"),

@@ -32,7 +32,6 @@ from sweeps.grid import Cell, Group, Slot
 from sweeps.options import TrialOptions, placement_for, worker_resources
 from sweeps.rounds import RoundPlanner
 from sweeps.rows import RowContext, build_row, now
-from sweeps.startmarks import setup_parts
 
 POLL_S = 0.1  # how often the trial looks at the outbox and the fit (never inside a measurement)
 FIT_END_WAIT_S = 30.0  # a force-cancelled fit is gone within a second or two
@@ -73,11 +72,10 @@ class GroupRun:
         self.group, self.opts, self.planner = group, opts, planner
         self.slots = {(s.cell.cell_id, s.repeat): s for s in group.slots}
         self.ctx = row_context(group, opts, now())
-        self.t0, self.t0_wall = time.perf_counter(), time.time()
+        self.t0 = time.perf_counter()
         self.running: tuple[Slot, datetime, float] | None = None
         self.deadline = self.t0 + opts.group_start_timeout_s  # until the group says it is ready
         self.ready = False
-        self.start_marks: dict[str, float] = {}  # the fit task's and the controller's (sweeps.startmarks)
         self.outbox = Queue(actor_options={"num_cpus": 0})
         self.inbox = None if planner is None else Queue(actor_options={"num_cpus": 0})
         for keys in planner.first_rounds() if planner else []:
@@ -91,12 +89,7 @@ class GroupRun:
     def _on_message(self, msg: dict) -> list[dict]:
         if msg["kind"] == "calibration":
             return [{"calibration": calibration_rows(msg, self.ctx, self.group.first)}]
-        if msg["kind"] == "start_marks":
-            self.start_marks |= msg["marks"]
-            return []
         if msg["kind"] == "setup":
-            marks = self.start_marks | msg["marks"]
-            self.ctx = replace(self.ctx, group_setup_parts=setup_parts(self.t0_wall, marks))
             self.ready, self.deadline = True, time.perf_counter() + self.opts.cell_timeout_s
             return []
         slot = self.slots[tuple(msg["key"])]

@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
-import psutil
 import ray
 import ray.train
 import ray.train.torch
@@ -46,7 +45,6 @@ def _placement() -> list[dict]:
         "node": ray.get_runtime_context().get_node_id(),
         "ip": ip,
         "network": fingerprint.network(ip),
-        "process_started": psutil.Process().create_time(),  # s since the epoch (sweeps.startmarks)
     }
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
@@ -243,32 +241,26 @@ class Worker:
 
 def train_fn_per_worker(config: dict) -> None:
     """Measure every slot of the group, round by round; rank 0 posts start/done messages to the outbox."""
-    marks = {"workers_running": time.time()}  # the group's start, part by part (wall clock, for the trial)
     group, threads = Group.from_dict(config["group"]), config["threads"]
     device = ray.train.torch.get_device()
     rank0 = ray.train.get_context().get_world_rank() == 0
     placement = _placement()
     grad_check = config.get("grad_check", FIRST)
     layout = Layout.build(group, placement, bool(grad_check), whole=group.isolation != "sweep")
-    marks["process_groups"] = time.time()
-    marks["placement_group"] = min(p["process_started"] for p in placement)  # the first worker process
     given = config.get("env", {})  # the variables the spec gave this group, as it gave them
     info = {"fingerprint": fingerprint.collect(device, given)} | placement_info(placement) if rank0 else {}
     template = build_model(group.first.step, device)  # built once; every cell starts from a copy of it
-    marks["model"] = time.time()
     outbox = config["outbox"] if rank0 else None
     w = Worker(group, device, threads, template, placement, layout, outbox, info, grad_check)
     w.backend = dist.get_backend()
     w.collective_timeout = timedelta(seconds=config.get("collective_timeout_s", 1800))
     _warm_up_group(group, device, threads, template)
-    marks["warm_up"] = time.time()
     if group.calibrate:
         calibration = _calibrate(group, device, template)  # a wrong reduced value raises on every rank
-        marks["calibration"] = time.time()
         if rank0:
             w.outbox.put(calibration | info)
     if rank0:
-        w.outbox.put({"kind": "setup", "marks": marks})
+        w.outbox.put({"kind": "setup"})
     for slots in rounds_of(group, config.get("inbox"), rank0):
         control = _control(group, device, threads, template)
         for slot in slots:

@@ -17,7 +17,6 @@ from sweeps.grid import expand
 from sweeps.plan import plan_sweep
 from sweeps.runner import execute
 from sweeps.specfile import parse_spec
-from sweeps.startmarks import ORDER
 from sweeps.worker import FAULT_FILE_ENV
 
 pytestmark = pytest.mark.ray
@@ -277,10 +276,7 @@ def test_one_worker_group_measures_every_placement_on_its_own_ranks(fault_file, 
     assert (
         by_mode[("ddp", 2)]["workers_per_node_observed"] == 2 and by_mode[("ddp", 1)]["workers_per_node_observed"] == 1
     )
-    parts = json.loads(rows[0]["group_setup_parts"])  # the group's start in parts, each measured
-    assert list(parts) == [p for p in ORDER if p != "calibration"] and min(parts.values()) >= 0
-    assert parts["controller"] > 0 and parts["worker_actors"] > 0 and parts["train_context"] > 0  # Ray's, marked
-    assert sum(parts.values()) <= rows[0]["group_setup_s"] + 0.5  # the rest: the first round's control probe
+    assert 0 < rows[0]["group_setup_s"] < 120  # the group's start, launch to ready
 
 
 def test_compiled_cells_run_on_ray_and_the_known_failure_is_an_error_row_the_group_survives(fault_file, tmp_path):
