@@ -12,6 +12,10 @@ bootstrap replicate of its inputs (see results/uncertainty.py).
 
 from __future__ import annotations
 
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 import pandas as pd
 
@@ -121,9 +125,36 @@ def planted(rows: pd.DataFrame) -> pd.Series:
     return out
 
 
+_ONCE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("ok_cells_once", default=None)
+
+
+@contextmanager
+def computed_once() -> Iterator[None]:
+    """Within the block, `ok_cells` of one rows frame is computed once (its bootstrap is most of a page's or
+    report's time) and every section reads that answer; the frame is kept alive meanwhile, so its id is its own."""
+    if _ONCE.get() is not None:  # inside another such block: its answers are this one's
+        yield
+        return
+    token = _ONCE.set({})
+    try:
+        yield
+    finally:
+        _ONCE.reset(token)
+
+
 def ok_cells(rows: pd.DataFrame) -> pd.DataFrame:
     """One line per configuration from the usable rows: the pooled median step over repeats with its interval,
-    n_repeats, n_steps, the worst CV, and the bootstrap replicates (`step_ms_reps`) for propagation."""
+    n_repeats, n_steps, the worst CV, and the bootstrap replicates (`step_ms_reps`) for propagation (inside
+    `computed_once`, once per rows frame)."""
+    memo = _ONCE.get()
+    if memo is None:
+        return _ok_cells(rows)
+    if id(rows) not in memo:
+        memo[id(rows)] = (rows, _ok_cells(rows))
+    return memo[id(rows)][1].copy()
+
+
+def _ok_cells(rows: pd.DataFrame) -> pd.DataFrame:
     ok = usable(rows)
     cols = [
         *CONFIG_KEYS,

@@ -89,7 +89,7 @@ def write_pngs(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    with RENDER_LOCK:
+    with RENDER_LOCK, analysis.computed_once():
         drawn = {stem: _png(fig) for stem, fig in figures(rows, calibration, prediction).items()}
     for stem, png in drawn.items():
         path = out / f"{stem}.png"
@@ -252,7 +252,13 @@ def render_html(
     prediction: dict | None = None,
 ) -> str:
     """The whole report as one HTML string (the sweep's own calibration used where there is one; `prediction`:
-    results.predicted's comparison), rendered from `results/templates/report.html` with every value escaped."""
+    results.predicted's comparison), rendered from `results/templates/report.html` with every value escaped.
+    Every section reads one computation of the cells (analysis.computed_once)."""
+    with analysis.computed_once():
+        return _render_html(rows, title, calibration, prediction)
+
+
+def _render_html(rows: pd.DataFrame, title: str, calibration: pd.DataFrame | None, prediction: dict | None) -> str:
     with RENDER_LOCK:
         images = [
             (stem, base64.b64encode(_png(fig)).decode()) for stem, fig in figures(rows, calibration, prediction).items()

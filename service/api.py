@@ -31,6 +31,7 @@ from results import compare as compare_mod
 from results import predicted
 from results import query as query_mod
 from results import recommend as recommend_mod
+from results.analysis import computed_once
 from results.cache import ANALYSIS_MAX_ROWS, DOWNLOAD_MAX_ROWS, STORE_MAX_ROWS, CachedStore
 from results.errors import StoreNotFound
 from results.formats import to_csv
@@ -364,8 +365,9 @@ def add_result_routes(app: FastAPI, settings: ServiceSettings, cache: CachedStor
             rows = cache.rows(_label("cluster", cluster), _label("sweep", sweep), limit=ANALYSIS_MAX_ROWS)
             calibration = cache.calibration(cluster, sweep)
             title = f"ddpsweep report: {cluster or 'all clusters'}{' / ' + sweep if sweep else ''}"
-            model = predicted.for_rows(rows, cache.profiles().to_pandas(), cache.calibration(cluster))
-            return render_html(rows, title, calibration=calibration, prediction=model)
+            with computed_once():  # the prediction and every section read one computation of the cells
+                model = predicted.for_rows(rows, cache.profiles().to_pandas(), cache.calibration(cluster))
+                return render_html(rows, title, calibration=calibration, prediction=model)
 
         return cache.memo(("report", cluster, sweep), render)  # once per version of the store
 

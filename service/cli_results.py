@@ -183,6 +183,7 @@ def report(
     import pandas as pd
 
     from results import predicted
+    from results.analysis import computed_once
     from results.report import render_html, write_pngs
     from results.store import Store, load, load_calibration
 
@@ -192,17 +193,16 @@ def report(
         rows = pd.concat([load(results, cluster=c, sweep=sweep) for c in (cluster or [None])], ignore_index=True)
         calibration = pd.concat([load_calibration(results, c, sweep) for c in (cluster or [None])])
         newest = pd.concat([load_calibration(results, c) for c in (cluster or [None])])  # the model's t(bytes)
-        model = predicted.for_rows(rows, Store.open(results).read_profiles().to_pandas(), newest)
-        if fmt == "png":
-            written = write_pngs(rows, out, calibration, model)
-            if not written:
-                raise ConfigError("--results", results, "a store with ok rows to draw (every row is an error)")
-            for path in written:
-                echo(str(path))
-            return
-        title = f"ddpsweep report: {', '.join(cluster or ['all clusters'])}"
-        Path(out).write_text(render_html(rows, title, calibration, model))
-        echo(out)
+        with computed_once():  # the prediction and every section read one computation of the cells
+            model = predicted.for_rows(rows, Store.open(results).read_profiles().to_pandas(), newest)
+            title = f"ddpsweep report: {', '.join(cluster or ['all clusters'])}"
+            written = write_pngs(rows, out, calibration, model) if fmt == "png" else None
+            if written is None:
+                Path(out).write_text(render_html(rows, title, calibration, model))
+        if written == []:
+            raise ConfigError("--results", results, "a store with ok rows to draw (every row is an error)")
+        for path in written or [out]:
+            echo(str(path))
     except KNOWN_ERRORS as e:
         raise fail(str(e)) from None
     except OSError as e:

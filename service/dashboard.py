@@ -224,11 +224,10 @@ def _cell(v) -> str:
 
 def sweep_page(cache: CachedStore, cluster: str, sweep: str) -> str:
     rows = cache.rows(cluster, sweep, limit=ANALYSIS_MAX_ROWS)
+    with analysis.computed_once():  # every section reads one computation of the cells
+        context = sweep_context(cache, rows, cluster, sweep)
     return TEMPLATES.get_template("sweep.html").render(
-        title=f"sweep {sweep} on {cluster}",
-        style=markupsafe.Markup(STYLE),
-        script="",
-        **sweep_context(cache, rows, cluster, sweep),
+        title=f"sweep {sweep} on {cluster}", style=markupsafe.Markup(STYLE), script="", **context
     )
 
 

@@ -195,3 +195,16 @@ def test_cli_query_compare_report_errors_exit_2(seed_store, tmp_path):
     assert unknown.exit_code == 2 and "clusters: pcie-8x" in unknown.output
     html = runner.invoke(app, ["report", "--results", seed_store, "--out", str(tmp_path / "r.html")])
     assert html.exit_code == 0 and (tmp_path / "r.html").read_text().startswith("<!doctype html>")
+
+
+def test_a_report_bootstraps_each_configuration_once(seed_store, monkeypatch):
+    from results import analysis, uncertainty
+
+    calls = []
+    real = uncertainty.blocked_median
+    monkeypatch.setattr(uncertainty, "blocked_median", lambda *a, **k: calls.append(1) or real(*a, **k))
+    rows = load(seed_store)
+    configurations = len(analysis.ok_cells(rows))
+    calls.clear()
+    page = render_html(rows, "seed")
+    assert "Best bucket per curve" in page and len(calls) == configurations == 8
