@@ -11,8 +11,8 @@ from typing import Any
 
 from results.store import LABEL_RULE, valid_label
 from trainers.errors import ConfigError
+from trainers.knobs import BY_NAME
 
-BACKENDS = ("auto", "nccl", "gloo")
 PLACEMENTS = ("auto", "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 GRID_MODES = ("ddp", "naive")
 ISOLATIONS = ("sweep", "group", "cell")
@@ -98,9 +98,7 @@ LISTS = {
     "nodes": "int>=1",
     "modes": GRID_MODES,
 }
-RANGES = {
-    "max_timed_steps": (1, 1_000_000),
-    "max_cell_s": (0.001, 86_400),
+RANGES = {k: (BY_NAME[k].lo, BY_NAME[k].hi) for k in ("max_timed_steps", "max_cell_s")} | {
     "collective_timeout_s": (1, 86_400),
     "cell_timeout_s": (1, 7 * 86_400),
     "group_start_timeout_s": (1, 86_400),
@@ -108,8 +106,8 @@ RANGES = {
     "max_rounds": (1, 1_000),
     "min_rounds": (1, 1_000),
     "cpus_per_worker": (0.001, 1_024),
-    "workers": (1, 65_536),
-    "nodes": (1, 4_096),
+    "workers": (BY_NAME["world_size"].lo, BY_NAME["world_size"].hi),
+    "nodes": (BY_NAME["num_nodes"].lo, BY_NAME["num_nodes"].hi),
 }
 MAX_AXIS_VALUES = 1_000  # values in one grid list
 MAX_MEASUREMENTS = 10_000  # cells x repeats in one sweep (a week of minute-long GPU cells): split larger studies

@@ -8,7 +8,6 @@ import math
 from typing import TYPE_CHECKING
 
 from sweeps.speccheck import (
-    BACKENDS,
     BF16_ON_CPU,
     ISOLATIONS,
     LISTS,
@@ -31,7 +30,7 @@ from sweeps.speccheck import (
 )
 from trainers.config import StepConfig, canonical_args
 from trainers.errors import ConfigError
-from trainers.knobs import GRID_AXES, SPEC_AXES, SPEC_SETTINGS, check
+from trainers.knobs import BACKENDS, GRID_AXES, SPEC_AXES, SPEC_SETTINGS, check
 from trainers.presets import PRESETS
 
 if TYPE_CHECKING:
