@@ -21,9 +21,10 @@ import pandas as pd
 
 from results import analysis, costmodel, overlap
 from results.identity import CONFIG_KEYS, CURVE_KEYS, config_text
+from results.knobs import KNOBS, WORKLOAD
 from results.overlap import Profile
 
-PROFILE_FIELDS = ("model", "workload", "workload_args", "workload_fingerprint", "micro_batch", "seq_len", "seed")
+PROFILE_FIELDS = tuple(k.name for k in KNOBS if k.scope == WORKLOAD)
 """What a profile is of (with the device type and torch version): the workload, its shapes, the micro-batch."""
 NOT_MODELED = {"powersgd": "PowerSGD's low-rank exchange is not DDP's buckets"}
 NO_PROFILE = "no profile of this workload on the cluster: run `ddpsweep predict SPEC` (it profiles one rank)"
