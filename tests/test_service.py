@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import os
-import re
 import time
 from pathlib import Path
 
@@ -28,11 +28,6 @@ MINI = (
     .replace("bucket_cap_mb: [0.05, 0.25, 25]", "bucket_cap_mb: [25]")
     .replace("repeats: 3", "repeats: 1")
 )
-LONG = (
-    MINI.replace("timed_steps: 10", "timed_steps: 200")
-    .replace("gas: [1, 2]", "gas: [1]")
-    .replace("bucket_cap_mb: [25]", "bucket_cap_mb: [0.05, 0.25, 25, 50]")
-)  # a baseline, then four DDP cells of ~15 s each: time to stop it mid-sweep
 
 
 @pytest.fixture(scope="module")
@@ -103,17 +98,26 @@ def test_post_sweeps_runs_on_the_cluster_and_rows_come_back_over_http(api):
     assert [s["sweep_id"] for s in client.get("/sweeps").json()].count(sweep_id) == 1
 
 
-def test_cli_submit_status_logs_and_stop_a_running_sweep(head, tmp_path):
-    spec = tmp_path / "long.yaml"
-    spec.write_text(LONG)
-    runner = CliRunner()
-    base = ["--dashboard", head]
-    out = runner.invoke(cli_app, ["submit", str(spec), *base, "--results", str(tmp_path / "store")])
+def test_cli_submit_ships_the_workload_folder_and_status_logs_stop_follow_it(head, tmp_path):
+    """One job for the CLI's job commands: a workload module that exists only in the submitted folder (not on the
+    head's path) runs there; the sweep is stopped mid-way and keeps the rows written before the stop."""
+    from tests.test_workloads import their_folder
+
+    folder = their_folder(tmp_path, "remote")
+    spec = folder / "spec.yaml"
+    longer = {
+        "timed_steps: 3": "timed_steps: 3000",
+        "bucket_cap_mb: [0.001, 25]": "bucket_cap_mb: [0.001, 0.01, 25, 50]",
+    }
+    spec.write_text(functools.reduce(lambda text, kv: text.replace(*kv), longer.items(), spec.read_text()))
+    runner, base, store = CliRunner(), ["--dashboard", head], str(tmp_path / "store")
+    out = runner.invoke(cli_app, ["submit", str(spec), *base, "--results", store, "--workdir", str(folder)])
     assert out.exit_code == 0, out.output
     sweep_id = out.output.split()[1]
-    deadline = time.time() + 120
+    deadline = time.time() + 300
     while "cells 1/" not in (st := runner.invoke(cli_app, ["status", sweep_id, *base]).output):
-        assert time.time() < deadline, st  # the baseline row lands, then the DDP cells run
+        logs = "" if "FAILED" not in st else runner.invoke(cli_app, ["logs", sweep_id, *base]).output
+        assert time.time() < deadline and "FAILED" not in st, st + logs[-3000:]  # the baseline row lands first
         time.sleep(1)
     assert "RUNNING" in st
     stopped = runner.invoke(cli_app, ["stop", sweep_id, *base])
@@ -124,9 +128,10 @@ def test_cli_submit_status_logs_and_stop_a_running_sweep(head, tmp_path):
         time.sleep(1)
     written = int(st.split("cells ")[1].split("/")[0])
     assert 1 <= written < 5  # stopped mid-sweep; the rows written before the stop are kept
+    rows = load(store, sweep=sweep_id)
+    assert len(rows) == written and set(rows["workload"]) == {"theirs_remote:make"}  # the shipped module ran
     assert f"sweep {sweep_id}" in runner.invoke(cli_app, ["logs", sweep_id, *base]).output
-    listed = runner.invoke(cli_app, ["status", *base]).output
-    assert sweep_id in listed
+    assert sweep_id in runner.invoke(cli_app, ["status", *base]).output
     unknown = runner.invoke(cli_app, ["status", "no-such-sweep", *base])
     assert unknown.exit_code == 2 and "no sweep 'no-such-sweep'" in unknown.output
 
@@ -206,26 +211,6 @@ def test_the_address_comes_from_ray_s_own_variables(monkeypatch):
     monkeypatch.setenv("RAY_API_SERVER_ADDRESS", "http://api:8265")
     assert resolve_address(None) == "http://api:8265"
     assert resolve_address("https://given:443") == "https://given:443"
-
-
-@pytest.mark.slow
-def test_submit_ships_the_folder_that_holds_the_workload(head, tmp_path):
-    """A workload module that exists only in the submitted folder (not on the head's path) runs there."""
-    from tests.test_workloads import their_folder
-
-    folder = their_folder(tmp_path, "remote")
-    runner = CliRunner()
-    args = ["submit", str(folder / "spec.yaml"), "--dashboard", head, "--results", str(tmp_path / "store")]
-    out = runner.invoke(cli_app, [*args, "--workdir", str(folder)])
-    assert out.exit_code == 0, out.output
-    sweep_id = re.search(r"sweep (\S+) submitted", out.output).group(1)
-    deadline = time.time() + 500
-    while "SUCCEEDED" not in (st := runner.invoke(cli_app, ["status", sweep_id, "--dashboard", head]).output):
-        logs = "" if "FAILED" not in st else runner.invoke(cli_app, ["logs", sweep_id, "--dashboard", head]).output
-        assert time.time() < deadline and "FAILED" not in st, logs[-3000:]
-        time.sleep(2)
-    rows = load(str(tmp_path / "store"), sweep=sweep_id)
-    assert len(rows) == 3 and set(rows["status"]) == {"ok"} and set(rows["workload"]) == {"theirs_remote:make"}
 
 
 def test_predict_on_a_cluster_that_cannot_place_its_profile_says_so_at_once(head_info, tmp_path):
