@@ -8,15 +8,17 @@ ResultsError                     400  base of every results error (a user mistak
 ├── TooLarge                     413  more rows than a page analyses or a server holds (says how to narrow)
 └── QueryError                   400  a SQL query failed, was refused by the sandbox, or hit a limit
 
-ResultsError is a root of its own beside trainers.errors.DDPSweepError (the root of every other error): results
-never imports trainers. The edges know both roots (service.cli_common.KNOWN_ERRORS): the CLI's exit code, the
-HTTP API's status and its one JSON error shape are the same for either.
+ResultsError derives from trainers.errors.DDPSweepError, the one root of every error ddpsweep raises on purpose
+(a torch-free leaf results may import): the CLI's exit code, the HTTP API's status and its one JSON error shape
+come from one handler per edge.
 """
 
 from __future__ import annotations
 
+from trainers.errors import DDPSweepError
 
-class ResultsError(Exception):
+
+class ResultsError(DDPSweepError):
     """Base class of the results layer's errors."""
 
     http_status = 400

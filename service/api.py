@@ -41,8 +41,9 @@ from results.views import VIEWS
 from service import dashboard, jobs
 from service.clusterstate import ClusterState
 from service.downloads import download
-from service.errors import KNOWN_ERRORS, ApiError
+from service.errors import ApiError
 from sweeps import envvars
+from trainers.errors import DDPSweepError
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +81,7 @@ def install_error_handlers(app: FastAPI, settings: ServiceSettings) -> None:
             exc.http_status, getattr(exc, "type", type(exc).__name__), message, getattr(exc, "field", None)
         )
 
-    for root in KNOWN_ERRORS:  # every error of either tree carries its http_status
-        app.add_exception_handler(root, known_error)
+    app.add_exception_handler(DDPSweepError, known_error)  # every error of the one tree carries its http_status
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException):

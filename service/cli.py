@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import typer
 
 from service import cli_cluster, cli_results
-from service.cli_common import echo, fail
-from service.errors import KNOWN_ERRORS
+from service.cli_common import Edge, echo, fail
 from trainers.errors import ConfigError, DDPSweepError
 
 if TYPE_CHECKING:
     from sweeps.spec import SweepSpec
 
 app = typer.Typer(
+    cls=Edge,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -129,7 +129,7 @@ def run(
             )
     except StoreFull as e:
         raise store_full(plan, spec, e) from None
-    except KNOWN_ERRORS as e:
+    except DDPSweepError as e:
         if verbose and e.__cause__ is not None:  # the user code's own traceback (a workload that failed)
             echo("".join(traceback.format_exception(e.__cause__)).rstrip(), err=True)
         raise fail(str(e)) from None
@@ -255,8 +255,6 @@ def calibrate(
         echo(f"calibration {plan.sweep_id}: {len(plan.shapes())} worker group(s) -> {plan.store.uri}")
         runner.execute(plan, address=address, verbose=verbose)
         fits = costmodel.fits(load_calibration(plan.store.uri, plan.cluster, plan.sweep_id))
-    except KNOWN_ERRORS as e:
-        raise fail(str(e)) from None
     except KeyboardInterrupt:
         echo("\ninterrupted: calibration stopped; groups already calibrated are kept (run it again)", err=True)
         raise typer.Exit(143 if session.terminated() else 130) from None
@@ -290,16 +288,13 @@ def predict(
     from sweeps import predict as model
     from sweeps.specfile import load_spec
 
-    try:
-        parsed = load_spec(spec)
-        root, label = results or parsed.results, cluster or parsed.cluster
-        store = Store.open(root)
-        given = model.inputs(parsed, store, label, address)
-        if sweep is not None:
-            rows, calibration = load(root, cluster=label, sweep=sweep), load_calibration(root, label)
-            out = predicted.compare(rows, predicted.profiles_of(store.read_profiles().to_pandas()), calibration)
-    except KNOWN_ERRORS as e:
-        raise fail(str(e)) from None
+    parsed = load_spec(spec)
+    root, label = results or parsed.results, cluster or parsed.cluster
+    store = Store.open(root)
+    given = model.inputs(parsed, store, label, address)
+    if sweep is not None:
+        rows, calibration = load(root, cluster=label, sweep=sweep), load_calibration(root, label)
+        out = predicted.compare(rows, predicted.profiles_of(store.read_profiles().to_pandas()), calibration)
     if sweep is not None:
         as_json = json.dumps({k: json.loads(v.to_json(orient="records")) for k, v in out.items()})
         echo(as_json if fmt == "json" else predicted.to_text(out))

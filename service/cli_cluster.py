@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 
 from service.cli_common import DEFAULT_RESULTS, DashboardOpt, ResultsOpt, echo, fail
-from service.errors import KNOWN_ERRORS
 
 
 def submit(
@@ -28,13 +27,10 @@ def submit(
     from service import jobs
     from sweeps.specfile import load_spec_text
 
-    try:
-        parsed, text = load_spec_text(spec)  # the text submitted is the text validated (env:NAME included)
-        if workdir is None and jobs.needs_code(parsed):
-            workdir = os.getcwd()  # the user's own folder, checked before anything is packaged
-        sweep_id, job_id = jobs.submit(text, parsed, address=address, cluster=cluster, results=results, workdir=workdir)
-    except KNOWN_ERRORS as e:
-        raise fail(str(e)) from None
+    parsed, text = load_spec_text(spec)  # the text submitted is the text validated (env:NAME included)
+    if workdir is None and jobs.needs_code(parsed):
+        workdir = os.getcwd()  # the user's own folder, checked before anything is packaged
+    sweep_id, job_id = jobs.submit(text, parsed, address=address, cluster=cluster, results=results, workdir=workdir)
     echo(f"sweep {sweep_id} submitted as job {job_id}")
 
 
@@ -46,10 +42,7 @@ def status(
     address = dashboard
     from service import jobs
 
-    try:
-        found = jobs.status(address, sweep_id)
-    except KNOWN_ERRORS as e:
-        raise fail(str(e)) from None
+    found = jobs.status(address, sweep_id)
     if not found:
         echo("no sweeps on this cluster")
     for s in found:
@@ -70,21 +63,18 @@ def logs(
 
     from service import jobs
 
-    try:
-        if not follow:
-            echo(jobs.logs(address, sweep_id), nl=False)
-            return
+    if not follow:
+        echo(jobs.logs(address, sweep_id), nl=False)
+        return
 
-        from service.progress import LogProgress
+    from service.progress import LogProgress
 
-        async def stream(out: LogProgress) -> None:
-            async for chunk in jobs.follow_logs(address, sweep_id):
-                out.feed(chunk)
+    async def stream(out: LogProgress) -> None:
+        async for chunk in jobs.follow_logs(address, sweep_id):
+            out.feed(chunk)
 
-        with LogProgress() as out:
-            asyncio.run(stream(out))
-    except KNOWN_ERRORS as e:
-        raise fail(str(e)) from None
+    with LogProgress() as out:
+        asyncio.run(stream(out))
 
 
 def stop(
@@ -95,10 +85,7 @@ def stop(
     address = dashboard
     from service import jobs
 
-    try:
-        stopped = jobs.stop(address, sweep_id)
-    except KNOWN_ERRORS as e:
-        raise fail(str(e)) from None
+    stopped = jobs.stop(address, sweep_id)
     echo(f"sweep {sweep_id}: {'stop requested' if stopped else 'was not running'}")
 
 
@@ -171,10 +158,7 @@ def _workload_dir(path: str | None) -> str | None:
     """--workload-dir, checked once at start (links that leave it, loops, size): one line and exit 2 otherwise."""
     from service.workdir import check_workdir
 
-    try:
-        return None if path is None else str(check_workdir(path, what="--workload-dir"))
-    except KNOWN_ERRORS as e:
-        raise fail(str(e)) from None
+    return None if path is None else str(check_workdir(path, what="--workload-dir"))
 
 
 COMMANDS = (submit, status, logs, stop, serve)

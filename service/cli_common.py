@@ -6,6 +6,9 @@ import sys
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
+
+from trainers.errors import DDPSweepError
 
 ResultsOpt = Annotated[str, typer.Option("--results", metavar="URI", help="results root (folder or URI)")]
 DEFAULT_RESULTS = "./ddpsweep-results"
@@ -21,6 +24,17 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     """`error: MESSAGE` on stderr; the command exits with `code` (2: the input was wrong)."""
     echo(f"error: {message}", err=True)
     return typer.Exit(code)
+
+
+class Edge(TyperGroup):
+    """The CLI's one error handler: any error ddpsweep raises on purpose (trainers.errors.DDPSweepError) is one
+    line `error: …` on stderr and exit code 2, whichever command raised it."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except DDPSweepError as e:
+            raise fail(str(e)) from None
 
 
 # Bidirectional overrides and isolates: text that reorders itself on screen (Trojan Source)

@@ -11,7 +11,6 @@ import typer
 
 from results.views import VIEWS
 from service.cli_common import DEFAULT_RESULTS, ResultsOpt, echo, fail
-from service.errors import KNOWN_ERRORS
 from trainers.errors import ConfigError
 
 TableFormat = Literal["table", "csv", "json"]  # = results.formats.FORMATS (a Literal needs the values written out)
@@ -32,11 +31,8 @@ def query(
         echo(f"error: query exceeded the time limit of {timeout:g} s", err=True)
         os._exit(2)
 
-    try:
-        with isolation.memory_limited(), isolation.hard_deadline(timeout + isolation.GRACE_S, expired):
-            echo(render_table(query_table(results, sql, timeout_s=timeout), fmt), data=fmt != "table")
-    except KNOWN_ERRORS as e:
-        raise fail(str(e)) from None
+    with isolation.memory_limited(), isolation.hard_deadline(timeout + isolation.GRACE_S, expired):
+        echo(render_table(query_table(results, sql, timeout_s=timeout), fmt), data=fmt != "table")
 
 
 def compact(
@@ -49,13 +45,10 @@ def compact(
     from results.compaction import compact as run_compact
     from results.store import Store, require_label
 
-    try:
-        for field, label in (("--cluster", cluster), ("--sweep", sweep)):
-            if label is not None:
-                require_label(field, label)
-        done = run_compact(Store.open(results), cluster, sweep)
-    except KNOWN_ERRORS as e:
-        raise fail(str(e)) from None
+    for field, label in (("--cluster", cluster), ("--sweep", sweep)):
+        if label is not None:
+            require_label(field, label)
+    done = run_compact(Store.open(results), cluster, sweep)
     for c in (c for c in done if c.files_read or c.skipped):
         where = f"cluster={c.cluster}" + (" pack" if c.sweep_id == "*" else f" sweep={c.sweep_id}")
         if c.skipped:
@@ -87,22 +80,19 @@ def compare(
     from results.formats import render
     from results.store import load
 
-    try:
-        if len(cluster) != 2 or cluster[0] == cluster[1]:
-            raise ConfigError("--cluster", cluster, "exactly two different labels: --cluster A --cluster B")
-        rows = [load(results, cluster=c) for c in cluster]
-        both = pd.concat(rows, ignore_index=True)
-        if sweep:
-            unknown = sorted(set(sweep) - set(both["sweep_id"]))
-            if unknown:
-                known = ", ".join(sorted(set(both["sweep_id"])))
-                raise ConfigError("--sweep", unknown[0], f"a sweep of these clusters: {known}")
-            both = both[both["sweep_id"].isin(sweep)]
-        echo(render(compare_clusters(both, cluster[0], cluster[1]), fmt), data=fmt != "table")
-        if scaling_figure:
-            _write_scaling_figure(both, scaling_figure)
-    except KNOWN_ERRORS as e:
-        raise fail(str(e)) from None
+    if len(cluster) != 2 or cluster[0] == cluster[1]:
+        raise ConfigError("--cluster", cluster, "exactly two different labels: --cluster A --cluster B")
+    rows = [load(results, cluster=c) for c in cluster]
+    both = pd.concat(rows, ignore_index=True)
+    if sweep:
+        unknown = sorted(set(sweep) - set(both["sweep_id"]))
+        if unknown:
+            known = ", ".join(sorted(set(both["sweep_id"])))
+            raise ConfigError("--sweep", unknown[0], f"a sweep of these clusters: {known}")
+        both = both[both["sweep_id"].isin(sweep)]
+    echo(render(compare_clusters(both, cluster[0], cluster[1]), fmt), data=fmt != "table")
+    if scaling_figure:
+        _write_scaling_figure(both, scaling_figure)
 
 
 def _write_scaling_figure(rows, path: str) -> None:
@@ -135,13 +125,10 @@ def scaling(
     from results.scaling import scaling as scaling_table
     from results.store import load, load_calibration
 
-    try:
-        rows = pd.concat([load(results, cluster=c, sweep=sweep) for c in (cluster or [None])], ignore_index=True)
-        calibration = pd.concat([load_calibration(results, c, sweep) for c in (cluster or [None])])
-        table = scaling_table(rows, calibration)
-        render(table.head(0), fmt)  # an unknown --format is refused before anything is printed
-    except KNOWN_ERRORS as e:
-        raise fail(str(e)) from None
+    rows = pd.concat([load(results, cluster=c, sweep=sweep) for c in (cluster or [None])], ignore_index=True)
+    calibration = pd.concat([load_calibration(results, c, sweep) for c in (cluster or [None])])
+    table = scaling_table(rows, calibration)
+    render(table.head(0), fmt)  # an unknown --format is refused before anything is printed
     if table.empty:
         raise fail("no ok DDP rows to scale: run a sweep with a topology axis (e.g. topology: [1x1, 1x2, 2x1])")
     shown = [
@@ -203,8 +190,6 @@ def report(
             raise ConfigError("--results", results, "a store with ok rows to draw (every row is an error)")
         for path in written or [out]:
             echo(str(path))
-    except KNOWN_ERRORS as e:
-        raise fail(str(e)) from None
     except OSError as e:
         what = "a folder for the PNGs" if fmt == "png" else "a writable .html file path"
         raise fail(f"--out: cannot write {out!r} ({e.strerror or e}); give {what}") from None
@@ -223,12 +208,9 @@ def recommend(
     from results.recommend import to_json, to_text
     from results.store import load
 
-    try:
-        if fmt not in ("text", "json"):
-            raise ConfigError("--format", fmt, "text or json")
-        recs = run_recommend(load(results, cluster=cluster, sweep=sweep))
-    except KNOWN_ERRORS as e:
-        raise fail(str(e)) from None
+    if fmt not in ("text", "json"):
+        raise ConfigError("--format", fmt, "text or json")
+    recs = run_recommend(load(results, cluster=cluster, sweep=sweep))
     echo(to_json(recs) if fmt == "json" else to_text(recs))
 
 

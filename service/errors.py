@@ -1,17 +1,13 @@
-"""The errors the edges know: the CLI turns them into `error: …` and an exit code, the HTTP API into a status.
+"""The errors the edges know: the CLI turns them into `error: …` and exit code 2 (service.cli_common.Edge), the
+HTTP API into a status (service.api), each in one handler.
 
-ddpsweep's errors have two roots, because results never imports trainers: trainers.errors.DDPSweepError (the
-measuring core, sweeps, the service) and results.errors.ResultsError (the store and its queries). Each class of
-either tree carries `http_status`; the edges read it and never test classes one by one.
+ddpsweep's errors have one root, trainers.errors.DDPSweepError (results.errors.ResultsError derives from it).
+Each class carries `http_status`; the edges read it and never test classes one by one.
 """
 
 from __future__ import annotations
 
-from results.errors import ResultsError
 from trainers.errors import DDPSweepError
-
-KNOWN_ERRORS: tuple[type[Exception], ...] = (DDPSweepError, ResultsError)
-"""Every error raised on purpose is an instance of one of these."""
 
 
 class ApiError(DDPSweepError):

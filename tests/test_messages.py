@@ -38,14 +38,13 @@ def test_the_fit_task_and_the_controller_load_no_torch():
     from ray import cloudpickle
 
     from sweeps.backend import TorchBackendConfig
-    from sweeps.controller import start_callbacks
     from sweeps.fit import train_fn_per_worker
 
     config = TorchBackendConfig(backend="gloo", timeout_s=60)
-    parts = [config, config.backend_cls, config.train_func_context, train_fn_per_worker, start_callbacks(None)]
+    parts = [config, config.backend_cls, config.train_func_context, train_fn_per_worker]
     shipped = cloudpickle.dumps(parts)
     check = (
-        "import pickle, sys; import sweeps.fit, sweeps.controller; parts = pickle.loads(sys.stdin.buffer.read()); "
+        "import pickle, sys; import sweeps.fit; parts = pickle.loads(sys.stdin.buffer.read()); "
         "backend = parts[1](); "
         "print('torch' in sys.modules, parts[0].to_dict()['timeout_s'], backend.share_cuda_visible_devices)"
     )

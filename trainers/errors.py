@@ -1,17 +1,17 @@
-"""The root of the measuring core's error tree (sweeps and the service derive from it too), and its own errors.
+"""The root of ddpsweep's one error tree, and the measuring core's own errors.
 
-This module imports nothing of the project, so the service edge may name these types. results has a root of its
-own (results.errors.ResultsError): results never imports trainers; the edges know both (service.errors).
-Each class carries `http_status`, the status the HTTP API answers with (datasette's style): the edge
+This module imports nothing of the project (nor torch), so results and the service may name these types
+(results.errors.ResultsError derives from DDPSweepError). Each class carries `http_status`, the status the HTTP API answers with (datasette's style): the edge
 reads it, it never tests classes one by one.
 
-DDPSweepError                    500  base of every error ddpsweep raises on purpose outside results
+DDPSweepError                    500  base of every error ddpsweep raises on purpose
 ├── ConfigError                  422  a configuration value is invalid (names the field and what is allowed)
 │   └── sweeps.spec.SpecError    422  a sweep spec field or command-line option is invalid
 ├── trainers.collectives.CalibrationError   500  an all-reduce returned a wrong sum
 ├── StepError                    500  a cell's step cannot be measured as set (kept recompiling, ran no collective)
 ├── ClusterUnreachable           503  the Ray cluster at an address could not be joined (refused, auth, version)
-└── service.jobs.JobsError       503  Ray Jobs unreachable or refusing (SweepNotFound: 404)
+├── service.jobs.JobsError       503  Ray Jobs unreachable or refusing (SweepNotFound: 404)
+└── results.errors.ResultsError  400  the store and its queries (its own tree: results.errors)
 """
 
 from __future__ import annotations
