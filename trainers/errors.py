@@ -1,8 +1,8 @@
 """The root of ddpsweep's one error tree, and the measuring core's own errors.
 
 This module imports nothing of the project (nor torch), so results and the service may name these types
-(results.errors.ResultsError derives from DDPSweepError). Each class carries `http_status`, the status the HTTP API answers with (datasette's style): the edge
-reads it, it never tests classes one by one.
+(results.errors.ResultsError derives from DDPSweepError). Each class carries `http_status`, the status the HTTP
+API answers with (datasette's style): the edge reads it, it never tests classes one by one.
 
 DDPSweepError                    500  base of every error ddpsweep raises on purpose
 ├── ConfigError                  422  a configuration value is invalid (names the field and what is allowed)
