@@ -31,7 +31,6 @@ from sweeps.speccheck import (
 from trainers.config import StepConfig, canonical_args
 from trainers.errors import ConfigError
 from trainers.knobs import BACKENDS, GRID_AXES, SPEC_AXES, SPEC_SETTINGS, check
-from trainers.presets import PRESETS
 
 if TYPE_CHECKING:
     from sweeps.spec import SweepSpec
@@ -132,10 +131,8 @@ def validate(spec: SweepSpec) -> None:
             check_range(name, getattr(spec, name))
     if spec.topology is not None:
         validate_topology(spec.topology)
-    if spec.workload is None:
-        check_choice("model", spec.model, tuple(PRESETS))
-    else:
-        _validate_workload(spec)
+    if spec.workload is not None and not isinstance(spec.workload_args, dict):
+        raise fail("workload_args", spec.workload_args, "a mapping of keyword arguments")
     check_choice("backend", spec.backend, BACKENDS)
     check_choice("placement", spec.placement, PLACEMENTS)
     check_choice("isolation", spec.isolation, ISOLATIONS)
@@ -144,8 +141,7 @@ def validate(spec: SweepSpec) -> None:
         raise fail("grad_check", spec.grad_check, "true (each configuration's first measurement), every or false")
     if spec.use_gpu != "auto" and not isinstance(spec.use_gpu, bool):
         raise fail("use_gpu", spec.use_gpu, "auto, true or false")
-    if spec.workload is None and spec.seq_len > PRESETS[spec.model].block_size:
-        raise fail("seq_len", spec.seq_len, f"1..{PRESETS[spec.model].block_size} (block size of {spec.model})")
+    _check_steps(spec)
     validate_env(spec.env)
     validate_env_grid(spec.env_grid, spec.env)
     _validate_hooks(spec)
@@ -185,29 +181,27 @@ def _validate_rounds(spec: SweepSpec) -> None:
         )
 
 
-def _validate_workload(spec: SweepSpec) -> None:
-    """The import path's form and JSON arguments (importing it is the planner's job: sweeps.grid)."""
-    if not isinstance(spec.workload_args, dict):
-        raise fail("workload_args", spec.workload_args, "a mapping of keyword arguments")
-    try:
-        StepConfig(workload=spec.workload, workload_args=canonical_args(spec.workload_args))
-    except ConfigError as e:
-        raise fail(e.field, e.value, e.allowed) from None
+def _check_steps(spec: SweepSpec) -> None:
+    """StepConfig's own checks, made once on the spec rather than on its first cell: the preset or the workload's
+    import path and arguments (importing it is the planner's job: sweeps.grid), seq_len within the preset's block,
+    PowerSGD's warm-up."""
+    what = {"model": spec.model, "seq_len": spec.seq_len}
+    if spec.workload is not None:
+        what = {"workload": spec.workload, "workload_args": canonical_args(spec.workload_args)}
+    warm = {"warmup_steps": spec.warmup_steps, "powersgd_start_iter": spec.powersgd_start_iter}
+    for hook in dict.fromkeys(spec.comm_hook):
+        try:
+            StepConfig(**what, **warm, comm_hook=hook)
+        except ConfigError as e:
+            raise fail(e.field, e.value, e.allowed) from None
 
 
 def _validate_hooks(spec: SweepSpec) -> None:
     """bf16 needs CUDA (refused here when the spec says CPU; runner.resolve_options checks `auto` against
-    the cluster); PowerSGD compresses only after powersgd_start_iter synchronized steps, so the warm-up must
-    cover them."""
+    the cluster)."""
     if "bf16" in spec.comm_hook and spec.use_gpu is False:
         i = spec.comm_hook.index("bf16")
         raise fail(f"comm_hook[{i}]", "bf16", BF16_ON_CPU)
-    if "powersgd" in spec.comm_hook and spec.powersgd_start_iter > spec.warmup_steps:
-        raise fail(
-            "powersgd_start_iter",
-            spec.powersgd_start_iter,
-            f"at most warmup_steps ({spec.warmup_steps}) so the timed steps are compressed (raise warmup_steps)",
-        )
 
 
 def _validate_nodes(spec: SweepSpec) -> None:

@@ -44,7 +44,7 @@ class StepConfig(StepKnobs):
             raise ConfigError(
                 "powersgd_start_iter",
                 self.powersgd_start_iter,
-                f"at most warmup_steps ({self.warmup_steps}), so the timed steps are compressed",
+                f"at most warmup_steps ({self.warmup_steps}) so the timed steps are compressed (raise warmup_steps)",
             )
         self._check_timing()
         self._normalize()
