@@ -16,7 +16,7 @@ from itertools import product
 from sweeps.spec import SpecError, SweepSpec
 from trainers.config import StepConfig, canonical_args
 from trainers.errors import ConfigError
-from trainers.knobs import CHANGED, GRID_AXES, KNOBS, SPEC_SETTINGS, USER_WORKLOAD
+from trainers.knobs import CHANGED, GRID_AXES, KNOBS, SPEC_SETTINGS, USER_WORKLOAD, WORKLOAD
 
 
 def _digest(data: object, n: int = 12) -> str:
@@ -87,18 +87,8 @@ class Cell:
     def sweep_key(self) -> tuple:
         """What `isolation: sweep` groups by: cells with the same key are measured on one worker group of the
         largest placement among them, each on its own ranks (a node count is a worker group of its own)."""
-        s = self.step
-        return (
-            self.num_nodes,
-            self.backend,
-            s.model,
-            s.workload_args,
-            s.workload_fingerprint,
-            s.micro_batch,
-            s.seq_len,
-            s.seed,
-            self.env,
-        )
+        values = self.knob_values  # the workload knobs of the table: what the model and its batches are
+        return (self.num_nodes, self.backend, *(values[k.name] for k in KNOBS if k.scope == WORKLOAD), self.env)
 
     def to_dict(self) -> dict:
         return {

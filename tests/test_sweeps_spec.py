@@ -200,7 +200,7 @@ def test_group_key_is_what_shapes_a_worker_group():
     keys = {c.group_key for c in expand(spec)}
     fp = expand(spec)[0].step.workload_fingerprint  # the model's shapes: a workload of another shape never joins
     assert len(fp) == 12 and int(fp, 16) >= 0
-    assert keys == {(w == 1, w, 1, "auto", "tiny", "{}", fp, 8, 64, 1337, "{}") for w in (1, 2, 4)}
+    assert keys == {(w == 1, w, 1, "auto", "tiny", None, "{}", fp, 8, 64, 1337, "{}") for w in (1, 2, 4)}
     at_one = expand(parse_spec("name: k\nworkers: [1]\nbucket_cap_mb: [1, 25]"))
     assert len({c.group_key for c in at_one}) == 2  # ddp at world size 1 does not join the baselines
 
