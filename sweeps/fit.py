@@ -42,7 +42,7 @@ def build_trainer(group: Group, opts: TrialOptions, outbox: Queue, inbox: Queue 
     return DataParallelTrainer(
         train_fn_per_worker,
         train_loop_config={
-            "group": group.to_dict(),
+            "group": group,  # Ray pickles it to every rank
             "threads": threads,
             "outbox": outbox,
             "inbox": inbox,

@@ -90,25 +90,6 @@ class Cell:
         values = self.knob_values  # the workload knobs of the table: what the model and its batches are
         return (self.num_nodes, self.backend, *(values[k.name] for k in KNOBS if k.scope == WORKLOAD), self.env)
 
-    def to_dict(self) -> dict:
-        return {
-            "step": asdict(self.step),
-            "world_size": self.world_size,
-            "num_nodes": self.num_nodes,
-            "backend": self.backend,
-            "env": self.env,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Cell:
-        return cls(
-            step=StepConfig(**data["step"]),
-            world_size=data["world_size"],
-            num_nodes=data["num_nodes"],
-            backend=data["backend"],
-            env=data.get("env", "{}"),
-        )
-
 
 def _timed_steps(spec: SweepSpec) -> dict:
     """The step's timing fields: fixed `timed_steps`, or adaptive (`auto`) in batches of AUTO_BATCH."""
@@ -254,42 +235,6 @@ class Group:
         """A fresh group for the slots not in `done` (a re-plan after the group died), or None."""
         left = tuple(s for s in self.slots if (s.cell.cell_id, s.repeat) not in done)
         return replace(self, group_id=f"{self.group_id}-replan", slots=left) if left else None
-
-    def to_dict(self) -> dict:
-        slots = [
-            {"cell": s.cell.to_dict(), "repeat": s.repeat, "round": s.round, "order": s.order_in_round}
-            for s in self.slots
-        ]
-        return {
-            "group_id": self.group_id,
-            "isolation": self.isolation,
-            "order_seed": self.order_seed,
-            "slots": slots,
-            "calibrate": self.calibrate,
-            "shape": self.first.to_dict(),
-            "rule": self.rule,
-            "prior": list(self.prior),
-            "chosen": self.chosen,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Group:
-        slots = tuple(
-            Slot(cell=Cell.from_dict(s["cell"]), repeat=s["repeat"], round=s["round"], order_in_round=s["order"])
-            for s in data["slots"]
-        )
-        shape = Cell.from_dict(data["shape"])
-        return cls(
-            group_id=data["group_id"],
-            isolation=data["isolation"],
-            order_seed=data["order_seed"],
-            slots=slots,
-            calibrate=data.get("calibrate", False),
-            shape=shape,
-            rule=data.get("rule"),
-            prior=tuple(data.get("prior", ())),
-            chosen=data.get("chosen"),
-        )
 
 
 def _rounds(pairs: list[tuple[Cell, int]], seed: int) -> list[Slot]:

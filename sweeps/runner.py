@@ -57,8 +57,8 @@ class RowWriter(tune.Callback):
     """Driver-side: writes each measurement's row to the store as soon as its trial reports it;
     when a trial dies, every slot of its group without a row gets an error row."""
 
-    def __init__(self, store: Store, options: TrialOptions, progress: ProgressFn) -> None:
-        self.store, self.options, self.progress = store, options, progress
+    def __init__(self, store: Store, options: TrialOptions, progress: ProgressFn, groups: list[Group]) -> None:
+        self.store, self.options, self.progress, self.groups = store, options, progress, groups
         self.rows: list[dict] = []
         self.calibrations = 0
         self.full: StoreFull | None = None
@@ -86,7 +86,7 @@ class RowWriter(tune.Callback):
             self.calibrations += 1
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        group = Group.from_dict(trial.config["group"])
+        group = self.groups[trial.config["group"]]
         ctx = row_context(group, self.options, now())
         message = f"trial died: {trial.error_file and _tail(trial.error_file) or 'unknown error'}"
         for slot in group.slots:
@@ -208,7 +208,7 @@ def _execute(plan: SweepPlan, address: str | None, verbose: bool, progress: Prog
                 placement=opts.placement,
             )
             plan.store.write_manifest(plan.cluster, plan.sweep_id, _manifest(plan, opts))
-            writer = RowWriter(plan.store, opts, progress)
+            writer = RowWriter(plan.store, opts, progress, plan.groups())
             try:
                 _tuner(plan, opts, writer, verbose).fit()
             except Exception:
@@ -257,10 +257,10 @@ def _manifest(plan: SweepPlan, opts: TrialOptions) -> dict:
 def _tuner(plan: SweepPlan, opts: TrialOptions, writer: RowWriter, verbose: bool) -> tune.Tuner:
     if not verbose:
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # Tune's new console output prints even at verbose=0
-    groups = [g.to_dict() for g in plan.groups()]
+    trial = tune.with_parameters(trial_fn, groups=writer.groups, options=opts)
     return tune.Tuner(
-        tune.with_resources(trial_fn, tune.PlacementGroupFactory([preflight.TRIAL_BUNDLE])),
-        param_space={"group": tune.grid_search(groups), "options": asdict(opts)},
+        tune.with_resources(trial, tune.PlacementGroupFactory([preflight.TRIAL_BUNDLE])),
+        param_space={"group": tune.grid_search(list(range(len(writer.groups))))},
         tune_config=tune.TuneConfig(max_concurrent_trials=plan.spec.max_concurrent_trials, reuse_actors=True),
         run_config=tune.RunConfig(
             name=plan.sweep_id,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Generator, Iterator
-from dataclasses import asdict, replace
+from dataclasses import replace
 from datetime import datetime
 
 import ray
@@ -57,11 +57,11 @@ def row_context(group: Group, opts: TrialOptions, started: datetime) -> RowConte
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def fit_task(group: dict, opts: dict, outbox: Queue, inbox: Queue | None) -> None:
+def fit_task(group: Group, opts: TrialOptions, outbox: Queue, inbox: Queue | None) -> None:
     """Fit the group's TorchTrainer in a task of its own, so a timeout can kill it with everything it owns."""
     from sweeps.fit import fit_group  # torch and Ray Train load here, in the fit's process, not in the trial's
 
-    fit_group(Group.from_dict(group), TrialOptions(**opts), outbox, inbox)
+    fit_group(group, opts, outbox, inbox)
 
 
 class GroupRun:
@@ -82,9 +82,7 @@ class GroupRun:
             self.inbox.put(keys)
         self.pgs_before = leftover.live_placement_groups() if opts.sole_trial else None
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-        self.ref = fit_task.options(scheduling_strategy=here).remote(
-            group.to_dict(), asdict(opts), self.outbox, self.inbox
-        )
+        self.ref = fit_task.options(scheduling_strategy=here).remote(group, opts, self.outbox, self.inbox)
 
     def _on_message(self, msg: dict) -> list[dict]:
         if msg["kind"] == "calibration":
@@ -234,10 +232,10 @@ def _rest(group: Group, written: set[tuple[str, int]], planner: RoundPlanner | N
     return group.rest_after(written | planner.skipped((s.cell.cell_id, s.repeat) for s in group.slots))
 
 
-def trial_fn(config: dict) -> None:
-    """The Tune trial: measure one group and report each row (JSON) to the driver as it lands."""
-    group = Group.from_dict(config["group"])
-    opts = TrialOptions(**config["options"])
+def trial_fn(config: dict, groups: list[Group], options: TrialOptions) -> None:
+    """The Tune trial: measure one group (`config["group"]`: its index in the plan's groups, which Tune passes to
+    every trial as they are, through the object store) and report each row (JSON) to the driver as it lands."""
+    group, opts = groups[config["group"]], options
     for row in run_group(group, opts):
         if "calibration" in row:
             ray.tune.report({"calibration": json.dumps(row["calibration"], default=str)})

@@ -241,7 +241,7 @@ class Worker:
 
 def train_fn_per_worker(config: dict) -> None:
     """Measure every slot of the group, round by round; rank 0 posts start/done messages to the outbox."""
-    group, threads = Group.from_dict(config["group"]), config["threads"]
+    group, threads = config["group"], config["threads"]
     device = ray.train.torch.get_device()
     rank0 = ray.train.get_context().get_world_rank() == 0
     placement = _placement()
