@@ -154,12 +154,12 @@ def _units_of(rows: pd.DataFrame, keys: list[str]) -> tuple[pd.Series, pd.Series
     return block, rnd
 
 
-def cell_replicates(rows: pd.DataFrame, keys: list[str], seed: int = 0, n_boot: int = N_BOOT) -> pd.DataFrame:
+def cell_replicates(rows: pd.DataFrame, keys: list[str], seed: int = 0, n_boot: int | None = None) -> pd.DataFrame:
     """One line per configuration (`keys`): pooled median step, its interval, n_repeats, n_steps and the
     bootstrap replicates (`step_ms_reps`, an array per line) for propagation. Configurations measured in
     the same worker group share their round draws (round-blocked): a ratio of two of them, computed
     replicate by replicate, is paired by round; across groups, sweeps and clusters it is unpaired."""
-    rng = np.random.default_rng(seed)
+    rng, n_boot = np.random.default_rng(seed), n_boot or N_BOOT
     rows = rows.reset_index(drop=True)  # a concatenation may repeat labels
     block, rnd = _units_of(rows, keys)
     rounds = {b: sorted(set(r)) for b, r in rnd.groupby(block)}

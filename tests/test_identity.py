@@ -14,6 +14,14 @@ from tests.seed_rows import row
 from trainers.knobs import GRID_AXES, KNOBS, SWEPT, UNSET, Knob
 
 
+@pytest.fixture(autouse=True)
+def few_replicates(monkeypatch):
+    """The walk asserts which lines pool and pair, not intervals: a few hundred replicates say so as well."""
+    from results import uncertainty
+
+    monkeypatch.setattr(uncertainty, "N_BOOT", 300)
+
+
 def other(knob: Knob, d):
     """A value of `knob` other than `d`."""
     if knob.kind == "choice":
