@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from results import compare as compare_mod
+from results import history as history_mod
 from results import predicted
 from results import query as query_mod
 from results import recommend as recommend_mod
@@ -350,6 +351,11 @@ def add_result_routes(app: FastAPI, settings: ServiceSettings, cache: CachedStor
         if sweep:
             rows = rows[rows["sweep_id"].isin(sweep)]
         return _frame_response(compare_mod.compare(rows, cluster[0], cluster[1]), "json")
+
+    @app.get("/history", dependencies=read_auth, summary="One cluster over time: changes beyond the noise")
+    def cluster_history(cluster: str) -> Response:
+        rows = cache.rows(_label("cluster", cluster), limit=ANALYSIS_MAX_ROWS)
+        return _frame_response(history_mod.history(rows, cluster), "json")
 
     @app.get("/recommend", dependencies=read_auth, summary="Best DDP configuration per curve, with code to paste")
     def recommend(cluster: str | None = None, sweep: str | None = None) -> Response:

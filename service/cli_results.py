@@ -64,22 +64,31 @@ def compact(
 
 
 def compare(
-    cluster: Annotated[list[str], typer.Option("--cluster", help="exactly two cluster labels")],
+    cluster: Annotated[list[str], typer.Option("--cluster", help="two cluster labels (one with --history)")],
     results: ResultsOpt = DEFAULT_RESULTS,
     sweep: Annotated[list[str] | None, typer.Option("--sweep", help="restrict to these sweep ids")] = None,
     fmt: Annotated[TableFormat, typer.Option("--format", help="how to print it")] = "table",
     scaling_figure: Annotated[
         str | None, typer.Option(help="also write both clusters' scaling curves on one figure (PNG)")
     ] = None,
+    history: Annotated[
+        bool,
+        typer.Option("--history", help="one cluster over time: each configuration before and after a version change"),
+    ] = False,
 ) -> None:
     """Two clusters side by side: each configuration measured on both, their step ratio with its interval, and
-    whether the difference is significant and the rows comparable."""
+    whether the difference is significant and the rows comparable. With --history, one cluster's sweeps in time
+    order: each configuration before and after every change of torch, CUDA, NCCL, driver or Ray version, flagged
+    where it changed beyond the noise."""
     import pandas as pd
 
     from results.compare import compare as compare_clusters
     from results.formats import render
     from results.store import load
 
+    if history:
+        echo(render(_history(results, cluster), fmt), data=fmt != "table")
+        return
     if len(cluster) != 2 or cluster[0] == cluster[1]:
         raise ConfigError("--cluster", cluster, "exactly two different labels: --cluster A --cluster B")
     rows = [load(results, cluster=c) for c in cluster]
@@ -93,6 +102,15 @@ def compare(
     echo(render(compare_clusters(both, cluster[0], cluster[1]), fmt), data=fmt != "table")
     if scaling_figure:
         _write_scaling_figure(both, scaling_figure)
+
+
+def _history(results: str, cluster: list[str]):
+    from results.history import history
+    from results.store import load
+
+    if len(cluster) != 1:
+        raise ConfigError("--cluster", cluster, "exactly one label with --history: --history --cluster C")
+    return history(load(results, cluster=cluster[0]), cluster[0])
 
 
 def _write_scaling_figure(rows, path: str) -> None:
