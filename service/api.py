@@ -401,6 +401,10 @@ def add_dashboard_routes(app: FastAPI, settings: ServiceSettings, cache: CachedS
         key = ("sweep_page", _label("cluster", cluster), _label("sweep", sweep))
         return cache.memo(key, lambda: dashboard.sweep_page(cache, key[1], key[2]))
 
+    @app.get("/ui/history", response_class=HTMLResponse, dependencies=read_auth, summary="Dashboard: a history")
+    def history_page(cluster: str | None = None) -> str:
+        return dashboard.history_page(cache, _label("cluster", cluster))
+
     @app.get(
         "/ui/compare",
         response_class=HTMLResponse,

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from results import analysis, identity, predicted, recommend, scaling
 from results import compare as compare_mod
+from results import history as history_mod
 from results.cache import ANALYSIS_MAX_ROWS, CachedStore
 from service.clusterstate import ClusterState
 from service.svg import Point, Series, line_chart
@@ -335,6 +336,19 @@ def compare_page(cache: CachedStore, a: str | None, b: str | None, by: str = "cl
             "table": table_context(compared, list(compared.columns), "comparison"),
         }
     return TEMPLATES.get_template("compare.html").render(style=markupsafe.Markup(STYLE), script="", **context)
+
+
+def history_page(cache: CachedStore, cluster: str | None) -> str:
+    """One cluster over time (results.history): each configuration before and after a version change."""
+    labels = sorted(pc.unique(cache.table()["cluster"]).to_pylist())
+    context = {"title": f"history of {cluster}" if cluster else "a cluster's history", "labels": labels}
+    context |= {"cluster": cluster, "table": None, "n_flagged": 0}
+    if cluster:
+        changes = history_mod.history(cache.rows(cluster, limit=ANALYSIS_MAX_ROWS), cluster)
+        if not changes.empty:
+            context |= {"table": table_context(changes, list(changes.columns), "history")}
+            context |= {"n_flagged": int(changes["flagged"].sum())}
+    return TEMPLATES.get_template("history.html").render(style=markupsafe.Markup(STYLE), script="", **context)
 
 
 def sweeps_json(cache: CachedStore, cluster: ClusterState | None) -> str:

@@ -94,3 +94,18 @@ def test_the_cli_and_the_http_api_give_the_same_history(tmp_path):
     )
     assert two.exit_code == 2 and "exactly one label with --history" in two.output
     assert c.get("/history", params={"cluster": "nope"}).status_code == 404
+
+
+def test_the_dashboard_shows_a_clusters_history_with_the_flagged_line(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from results.store import Store
+    from service.api import ServiceSettings, create_app
+
+    store = Store.open(str(tmp_path))
+    for r in crafted_rows(0.12):
+        store.write_row(r)
+    c = TestClient(create_app(ServiceSettings(address=None, results=str(tmp_path), token="t")))
+    page = c.get("/ui/history", params={"cluster": "pcie-8x"})
+    assert page.status_code == 200 and "1 flagged" in page.text and "torch_version 2.12.0 -&gt; 2.13.0" in page.text
+    assert "<option selected>pcie-8x</option>" in page.text and "history" in c.get("/").text
