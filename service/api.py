@@ -12,8 +12,6 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -43,7 +41,7 @@ from service import dashboard, jobs
 from service.clusterstate import ClusterState
 from service.downloads import download
 from service.errors import ApiError
-from sweeps import envvars
+from service.submission import JOB_CALLS, job_server_call, submit_spec
 from trainers.errors import DDPSweepError
 
 log = logging.getLogger(__name__)
@@ -134,40 +132,6 @@ async def read_body(request: Request, limit: int, timeout_s: float = BODY_TIMEOU
     return body
 
 
-def check_workload_allowed(workload: str | None, prefixes: tuple[str, ...]) -> None:
-    """A workload is code the cluster will import and run: over HTTP only from the operator's allowlist."""
-    if workload is None:
-        return
-    module = workload.partition(":")[0]
-    if any(module == p or module.startswith(p + ".") for p in prefixes):
-        return
-    allowed = ", ".join(prefixes) if prefixes else "none"
-    raise ApiError(
-        403,
-        "Forbidden",
-        f"workload {workload!r}: an import path runs code on the cluster, and this server allows modules under: "
-        f"{allowed}. Start it with `ddpsweep serve --allow-workload <module prefix>` to accept it, or submit "
-        "with `ddpsweep submit` (the spec is then your own)",
-        "workload",
-    )
-
-
-def check_env_allowed(spec, allowed: tuple[str, ...]) -> None:
-    """Over HTTP a spec sets tuning variables only (sweeps.envvars): NCCL also reads variables that load a
-    library or write a file at a path they name."""
-    refused = envvars.refused_over_http(spec.env, spec.env_grid, allowed)
-    if refused:
-        name = refused[0].partition(".")[2]
-        why = envvars.warning(name) or f"{name} is not one of the tuning variables this server accepts"
-        raise ApiError(
-            403,
-            "Forbidden",
-            f"{refused[0]}: {why}. Start the server with `ddpsweep serve --allow-env {name}` to accept it, or "
-            "submit with `ddpsweep submit` (the spec is then your own)",
-            refused[0],
-        )
-
-
 def _label(kind: str, value: str | None) -> str | None:
     return value if value is None else require_label(kind, value)
 
@@ -220,42 +184,6 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     return app
 
 
-def _submit(settings: ServiceSettings, text: str, cluster: str | None) -> dict:
-    """Validate a submitted spec (422 naming the field), apply the server's allowlists (403), submit it."""
-    spec = jobs.parse_submission(text)
-    check_workload_allowed(spec.workload, settings.allow_workload)
-    check_env_allowed(spec, settings.allow_env)
-    if not settings.address:
-        raise ApiError(
-            503,
-            "Unavailable",
-            "this server was started without a Ray cluster: it reads results but cannot submit sweeps "
-            "(its operator starts it with `ddpsweep serve --dashboard http://HEAD:8265`)",
-        )
-    workdir = settings.workload_dir if jobs.needs_code(spec) else None
-    sweep_id, job_id = jobs.submit(
-        text, spec, address=settings.address, cluster=cluster, results=settings.results, workdir=workdir
-    )
-    return {"sweep_id": sweep_id, "job_id": job_id, "warnings": spec.warnings()}
-
-
-JOB_CALLS = 4  # requests that may wait on the cluster's job server at once; more are a 503 at once
-
-
-@contextmanager
-def job_server_call(gate: threading.BoundedSemaphore) -> Iterator[None]:
-    """A request that waits on Ray Jobs (up to service.jobs' timeouts) holds a worker thread meanwhile: at most
-    JOB_CALLS do, so a hung job server or a flood of `GET /sweeps` never holds every thread of the server."""
-    if not gate.acquire(blocking=False):
-        raise ApiError(
-            503, "Busy", f"{JOB_CALLS} requests are waiting on the cluster's job server; try again in a moment"
-        )
-    try:
-        yield
-    finally:
-        gate.release()
-
-
 def add_sweep_routes(app: FastAPI, settings: ServiceSettings, auth, read_auth: list) -> None:
     gate = threading.BoundedSemaphore(JOB_CALLS)
 
@@ -273,7 +201,7 @@ def add_sweep_routes(app: FastAPI, settings: ServiceSettings, auth, read_auth: l
         )
         # parsing, the checks and the submission block (a slow cluster for seconds): off the event loop
         with job_server_call(gate):
-            return await run_in_threadpool(_submit, settings, text, _label("cluster", cluster))
+            return await run_in_threadpool(submit_spec, settings, text, _label("cluster", cluster))
 
     @app.get(
         "/sweeps",
