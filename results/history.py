@@ -21,6 +21,7 @@ import pandas as pd
 
 from results import analysis, identity
 from results.errors import UnknownSelection
+from results.uncertainty import interval
 
 VERSIONS = ["torch_version", "cuda_version", "nccl_version", "driver_version", "ray_version"]
 """What splits a cluster's history: a change of any of these between two sweeps."""
@@ -86,7 +87,10 @@ def _change(rows: pd.DataFrame, order: pd.DataFrame, segment: int, spread: tuple
     cells = {name: _cells(rows[rows["sweep_id"].isin(side["sweep_id"])], name) for name, side in sides.items()}
     both = cells["before"].merge(cells["after"], on="_key", suffixes=("_before", "_after"))
     alpha = FAMILY_ALPHA / max(len(both), 1)
-    bounds = [_ratio_interval(a, b, alpha) for a, b in zip(both["reps_before"], both["reps_after"], strict=True)]
+    bounds = [
+        interval(b / a, 1 - alpha) if isinstance(a, np.ndarray) and isinstance(b, np.ndarray) else (np.nan, np.nan)
+        for a, b in zip(both["reps_before"], both["reps_after"], strict=True)
+    ]
     out = both.assign(
         ratio=both["step_ms_after"] / both["step_ms_before"],
         ratio_ci_lo=[lo for lo, _ in bounds],
@@ -111,18 +115,6 @@ def _cells(rows: pd.DataFrame, side: str) -> pd.DataFrame:
     return cells[[*identity.CONFIGURATION, "step_ms"]].assign(_key=keys, reps=cells["step_ms_reps"].to_list())
 
 
-def _ratio_interval(before: object, after: object, alpha: float) -> tuple[float, float]:
-    """The central 1 - alpha of the ratio's replicates (independent sides: two sets of sweeps); NaN without."""
-    if not (isinstance(before, np.ndarray) and isinstance(after, np.ndarray)):
-        return np.nan, np.nan
-    ratio = after / before
-    ratio = ratio[np.isfinite(ratio)]
-    if not len(ratio):
-        return np.nan, np.nan
-    lo, hi = np.percentile(ratio, [100 * alpha / 2, 100 * (1 - alpha / 2)])
-    return float(lo), float(hi)
-
-
 def _versions_text(before: pd.Series, after: pd.Series) -> str:
     """`torch_version 2.12.0 -> 2.13.0; …`: the versions that changed."""
     return "; ".join(
@@ -138,5 +130,4 @@ def _text(value: object) -> str:
 
 
 RESULT = ["step_ms_before", "step_ms_after", "ratio", "ratio_ci_lo", "ratio_ci_hi", "drift_bound", "flagged"]
-RESULT += ["change"]
-RESULT += ["sweeps_before", "sweeps_after"]
+RESULT += ["change", "sweeps_before", "sweeps_after"]

@@ -30,7 +30,7 @@ CURVE_KNOBS: list[str] = [k for k in CONFIGURATION if k != SWEPT]
 """One U-curve of one sweep's plan (every cell of a cluster and sweep): every knob but the bucket fixed."""
 CHOSEN: list[Knob] = [k for k in KNOBS if k.chosen]
 """The settings a user picks in a training script, with PyTorch's defaults (recommend chooses among them)."""
-PYTORCH_DEFAULTS: dict[str, object] = {k.name: k.pytorch_default for k in CHOSEN}
+PYTORCH_DEFAULTS: dict[str, object] = {k.name: k.pytorch for k in CHOSEN}
 
 
 def with_knobs(rows: pd.DataFrame) -> pd.DataFrame:

@@ -76,7 +76,7 @@ class Profile:
             raise ValueError("nbytes: must be one positive whole number of bytes per parameter")
         if self.grad_bytes is not None and (type(self.grad_bytes) is not int or self.grad_bytes <= 0):  # noqa: E721
             raise ValueError(f"grad_bytes: {self.grad_bytes!r} is not a positive whole number of bytes")
-        if len(self.ready_ms) != n or sorted(self.order, key=str) != sorted(range(n), key=str):
+        if len(self.ready_ms) != n or any(type(i) is not int for i in self.order) or sorted(self.order) != [*range(n)]:
             raise ValueError("ready_ms, nbytes and order must cover the same parameters")
 
 

@@ -29,7 +29,7 @@ def snippet(cfg: dict, gas: int, env: dict[str, str], *, cuda: bool = True) -> s
     kwargs += [
         f"{k.ddp_kwarg}={cfg[k.name]!r}"
         for k in identity.CHOSEN
-        if k.ddp_kwarg and k.name not in FIRST and cfg[k.name] != k.pytorch_default
+        if k.ddp_kwarg and k.name not in FIRST and cfg[k.name] != k.pytorch
     ]
     if cfg["first_bucket_mb"] is not None:  # PyTorch 2.13: per-bucket caps, the first one smaller
         kwargs.append(f"bucket_cap_mb_list=[{cfg['first_bucket_mb']:g}, {cfg['bucket_cap_mb']:g}]")

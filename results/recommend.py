@@ -137,7 +137,7 @@ def _at_default_knobs(grp: pd.DataFrame, **given: object) -> pd.DataFrame:
     for k in identity.CHOSEN:
         if k.name in TRIO:
             continue
-        v = given.get(k.name, k.pytorch_default)
+        v = given.get(k.name, k.pytorch)
         off = grp[k.name].isna() if k.applies is not None and k.value_off is None else False
         keep &= grp[k.name].isna() if v is None else (grp[k.name] == v) | off
     return grp[keep]
@@ -265,7 +265,7 @@ def _envs(rows: pd.DataFrame) -> dict[tuple[str, str], dict[str, str]]:
 
 def _config(r: pd.Series) -> dict:
     """The knobs a user chooses (results.identity.CHOSEN), as plain values."""
-    return {k.name: _value(k.kind, r.get(k.name, k.pytorch_default)) for k in identity.CHOSEN}
+    return {k.name: _value(k.kind, r.get(k.name, k.pytorch)) for k in identity.CHOSEN}
 
 
 def _value(kind: str, v: object) -> object:

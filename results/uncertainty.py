@@ -113,13 +113,13 @@ def _widened(reps: np.ndarray, centre: float, factor: float) -> np.ndarray:
     return centre + (reps - centre) * factor
 
 
-def interval(reps: np.ndarray) -> tuple[float, float]:
-    """The central 95% of replicates (NaN where there are none)."""
+def interval(reps: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
+    """The central `level` (95%) of replicates (NaN where there are none)."""
     reps = np.asarray(reps, dtype=float)
     reps = reps[np.isfinite(reps)]
     if not len(reps):
         return math.nan, math.nan
-    lo, hi = np.percentile(reps, [100 * (1 - LEVEL) / 2, 100 * (1 + LEVEL) / 2])
+    lo, hi = np.percentile(reps, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
     return float(lo), float(hi)
 
 

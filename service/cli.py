@@ -315,11 +315,8 @@ def init(
     contract's three members) to edit, then `ddpsweep run spec.yaml --dry-run`. Never overwrites a file."""
     from service.scaffold import next_step, write_starter
 
-    try:
-        for path in write_starter(folder):
-            echo(f"wrote {path}")
-    except DDPSweepError as e:
-        raise fail(str(e)) from None
+    for path in write_starter(folder):
+        echo(f"wrote {path}")
     echo(f"next: {next_step(folder)}   (the grid and whether this machine can run it; nothing starts)")
 
 

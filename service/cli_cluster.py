@@ -23,14 +23,13 @@ def submit(
 ) -> None:
     """Submit a sweep to a Ray cluster as a Ray Job (validated here first; nothing submitted on error). A spec
     naming your own workload ships --workdir (default: the current directory) with the job."""
-    address = dashboard
     from service import jobs
     from sweeps.specfile import load_spec_text
 
     parsed, text = load_spec_text(spec)  # the text submitted is the text validated (env:NAME included)
     if workdir is None and jobs.needs_code(parsed):
         workdir = os.getcwd()  # the user's own folder, checked before anything is packaged
-    sweep_id, job_id = jobs.submit(text, parsed, address=address, cluster=cluster, results=results, workdir=workdir)
+    sweep_id, job_id = jobs.submit(text, parsed, address=dashboard, cluster=cluster, results=results, workdir=workdir)
     echo(f"sweep {sweep_id} submitted as job {job_id}")
 
 
@@ -39,10 +38,9 @@ def status(
     dashboard: DashboardOpt = None,
 ) -> None:
     """Each sweep on the cluster (or one): its job state, cells written / planned, errors, where its rows go."""
-    address = dashboard
     from service import jobs
 
-    found = jobs.status(address, sweep_id)
+    found = jobs.status(dashboard, sweep_id)
     if not found:
         echo("no sweeps on this cluster")
     for s in found:
@@ -58,19 +56,18 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="stream until the job ends")] = False,
 ) -> None:
     """The sweep job's output (progress lines, the summary, errors); --follow streams it until the job ends."""
-    address = dashboard
     import asyncio
 
     from service import jobs
 
     if not follow:
-        echo(jobs.logs(address, sweep_id), nl=False)
+        echo(jobs.logs(dashboard, sweep_id), nl=False)
         return
 
     from service.progress import LogProgress
 
     async def stream(out: LogProgress) -> None:
-        async for chunk in jobs.follow_logs(address, sweep_id):
+        async for chunk in jobs.follow_logs(dashboard, sweep_id):
             out.feed(chunk)
 
     with LogProgress() as out:
@@ -82,10 +79,9 @@ def stop(
     dashboard: DashboardOpt = None,
 ) -> None:
     """Stop a running sweep (rows already written stay)."""
-    address = dashboard
     from service import jobs
 
-    stopped = jobs.stop(address, sweep_id)
+    stopped = jobs.stop(dashboard, sweep_id)
     echo(f"sweep {sweep_id}: {'stop requested' if stopped else 'was not running'}")
 
 

@@ -31,7 +31,7 @@ from trainers.knobs import BY_NAME
 
 DEFAULT_ERROR = 0.10  # within-curve error assumed where the cluster has no measured comparison yet
 MIN_K = 2  # cells per curve the model always keeps: a race needs two
-DEFAULT_BUCKET_MB = BY_NAME["bucket_cap_mb"].pytorch_default
+DEFAULT_BUCKET_MB = BY_NAME["bucket_cap_mb"].pytorch
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -91,7 +91,7 @@ def test_compare_pairs_each_configuration_with_itself_only(knob):
 def test_recommend_never_pools_two_configurations(knob):
     recs = [r for r in recommend.recommend(pair(knob)) if r["cluster"] == "a"]
     assert sum(r["cells"] for r in recs) == 2
-    chosen = knob.pytorch_default is not UNSET  # results.knobs.Knob.chosen
+    chosen = knob.pytorch is not UNSET  # results.knobs.Knob.chosen
     assert len(recs) == (1 if chosen else 2)  # a knob a user chooses is an alternative within one curve
 
 

@@ -94,10 +94,6 @@ class Knob:
         return self.default if self.off is UNSET else self.off
 
     @property
-    def pytorch_default(self) -> Any:
-        return self.pytorch
-
-    @property
     def chosen(self) -> bool:
         """A setting a user picks in their own training script: recommend chooses among its measured values."""
         return self.pytorch is not UNSET
@@ -296,7 +292,7 @@ def _read(cls: type) -> tuple[Knob, ...]:
     hints, docs = get_type_hints(cls, include_extras=True), _field_docs(cls)
     out = []
     for f in dataclasses.fields(cls):
-        base, meta = get_args(hints[f.name])[0], get_args(hints[f.name])[1]
+        base, meta = get_args(hints[f.name])[:2]
         kind, choices = _kind(base)
         out.append(
             dataclasses.replace(meta, name=f.name, kind=kind, default=f.default, doc=docs[f.name], choices=choices)
@@ -304,10 +300,10 @@ def _read(cls: type) -> tuple[Knob, ...]:
     return tuple(out)
 
 
-KNOBS: tuple[Knob, ...] = _read(StepKnobs) + _read(PlacementKnobs)
-BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS}
 STEP_KNOBS: tuple[Knob, ...] = _read(StepKnobs)
 """The knobs every rank runs: StepConfig's fields, in this order."""
+KNOBS: tuple[Knob, ...] = STEP_KNOBS + _read(PlacementKnobs)
+BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS}
 SPEC_AXES: tuple[Knob, ...] = tuple(k for k in STEP_KNOBS if k.spec == AXIS)
 SPEC_SETTINGS: tuple[Knob, ...] = tuple(k for k in STEP_KNOBS if k.spec == SETTING)
 GRID_AXES: tuple[Knob, ...] = tuple(k for k in SPEC_AXES if k.scope == DDP)

@@ -136,11 +136,7 @@ def ddp_kwargs(cfg: StepConfig) -> dict:
     """DDP's keywords from the knobs that name one (`trainers.knobs.Knob.ddp_kwarg`), each given only where it
     differs from PyTorch's default (torch 2.13 warns on every wrapper given broadcast_buffers), the bucket cap
     always, and the first bucket's cap where the cell sets one."""
-    out = {
-        k.ddp_kwarg: getattr(cfg, k.name)
-        for k in STEP_KNOBS
-        if k.ddp_kwarg and getattr(cfg, k.name) != k.pytorch_default
-    }
+    out = {k.ddp_kwarg: getattr(cfg, k.name) for k in STEP_KNOBS if k.ddp_kwarg and getattr(cfg, k.name) != k.pytorch}
     return out | {"bucket_cap_mb": cfg.bucket_cap_mb} | first_bucket_kwargs(cfg)
 
 
