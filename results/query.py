@@ -14,6 +14,7 @@ Views: `results.views.VIEWS` names each and says what it holds.
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 from typing import TYPE_CHECKING
@@ -44,11 +45,12 @@ def views(root: str, sql: str | None = None) -> dict[str, pd.DataFrame | object]
 
 INTERVAL_COLUMNS = ["step_ms_ci_lo", "step_ms_ci_hi", "n_repeats", "n_steps"]
 CELL_FLAGS = ["round_drifted", "noisy"]
-ANALYSES = {  # view -> the results.analysis function that builds it (imported only when a query needs one)
-    "cells_vs_baseline": "with_baseline",
-    "u_curve": "u_curve",
-    "no_sync_gain": "no_sync_gain",
-    "gradient_checks": "gradient_checks",
+ANALYSES = {  # view -> the results function that builds it from rows (imported only when a query needs one)
+    "cells_vs_baseline": "analysis.with_baseline",
+    "u_curve": "analysis.u_curve",
+    "no_sync_gain": "analysis.no_sync_gain",
+    "gradient_checks": "analysis.gradient_checks",
+    "stragglers": "stragglers.stragglers",
 }
 
 
@@ -106,9 +108,10 @@ def views_of(
 
         frame = calibration.to_pandas() if isinstance(calibration, pa.Table) else calibration
         out["alpha_beta"] = costmodel.fits(frame).drop(columns=["curve_bytes", "curve_ms"], errors="ignore")
-    for name, function in ANALYSES.items():
+    for name, where in ANALYSES.items():
         if rows is not None and _uses(sql, name):
-            out[name] = getattr(analysis, function)(rows)
+            module, function = where.split(".")
+            out[name] = getattr(importlib.import_module(f"results.{module}"), function)(rows)
     if rows is not None and _uses(sql, *PREDICTED):
         out |= _predicted_views(rows, calibration, profiles, out.get("u_curve"))
     return out

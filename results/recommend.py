@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from results import analysis, identity
+from results import analysis, identity, stragglers
 from results.paste import snippet
 from results.uncertainty import interval
 
@@ -40,12 +40,24 @@ def recommend(rows: pd.DataFrame) -> list[dict]:
     """One recommendation per curve that has DDP cells with ok rows (see the module docstring)."""
     cells = analysis.ok_cells(rows)
     ddp = cells[(cells["mode"] == "ddp") & cells["bucket_cap_mb"].notna()]
-    envs, failed = _envs(rows), analysis.failed_configurations(rows)
+    envs, failed, slow = _envs(rows), analysis.failed_configurations(rows), _stragglers(rows)
     out = []
     for key, grp in ddp.groupby(CURVE, dropna=False):
         curve = dict(zip(CURVE, key, strict=True))
-        rec = _curve(curve, grp, envs.get((curve["cluster"], curve["sweep_id"]), {}))
-        out.append(rec | {"excluded": _excluded(curve, failed)})
+        where = (curve["cluster"], curve["sweep_id"])
+        rec = _curve(curve, grp, envs.get(where, {}))
+        out.append(rec | {"excluded": _excluded(curve, failed), "stragglers": slow.get(where, [])})
+    return out
+
+
+def _stragglers(rows: pd.DataFrame) -> dict[tuple[str, str], list[dict]]:
+    """(cluster, sweep) -> its straggler devices (results.stragglers), each with its words."""
+    table = stragglers.stragglers(rows)
+    out: dict[tuple[str, str], list[dict]] = {}
+    for _, line in table[table["straggler"]].iterrows():
+        found = {k: _plain(line[k]) for k in ("host", "device", "local_rank", "ratio", "ratio_lo", "ratio_hi")}
+        found |= {"cost_ms": _plain(line["cost_ms"]), "text": stragglers.named(line)}
+        out.setdefault((line["cluster"], line["sweep_id"]), []).append(found)
     return out
 
 
@@ -376,6 +388,7 @@ def to_text(recs: list[dict]) -> str:
             f"  gradient check: {r.get('gradient_check') or check_text(r)}",
         ]
         lines += [f"  left out: {describe(c)}: {c['reason']}" for c in r.get("excluded", [])]
+        lines += [f"  straggler: {s['text']} (every step here waits for it)" for s in r.get("stragglers", [])]
         blocks.append("\n".join(lines + ["  " + line for line in r["snippet"].splitlines()]))
     return "\n\n".join(blocks)
 

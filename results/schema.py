@@ -44,6 +44,9 @@ PLACEMENT = [
     pa.field("host_world_size", pa.int32()),  # ranks of the worker group that hosted the cell (isolation: sweep)
     pa.field("ranks", pa.list_(pa.int32())),  # the host group's ranks that measured the cell
     pa.field("rank_nodes", pa.list_(pa.string())),  # the Ray node IP of each of the cell's ranks, in rank order
+    pa.field("rank_hosts", pa.list_(pa.string())),  # the hostname of each of the cell's ranks, in rank order
+    pa.field("rank_local_ranks", pa.list_(pa.int32())),  # each rank's local rank on its node
+    pa.field("rank_devices", pa.list_(pa.string())),  # each rank's device: PCI bus id on CUDA, core set on CPU
     pa.field("workers_per_node_observed", pa.int32()),  # the most ranks any node held (= workers_per_node if right)
     _knob_column(BY_NAME["env_grid"]),  # JSON: the cell's env_grid values (its worker group's variables); {}: none
     pa.field("grad_compression", pa.string()),  # none | fp16 | bf16 | powersgd-rank-N: lossy unless none
@@ -65,6 +68,7 @@ PLACEMENT = [
     pa.field("injected_corruption", pa.float64()),  # benchmarks only (DDPSWEEP_CORRUPT): buckets scaled by 1 + it
     pa.field("grad_check_when", pa.string()),  # first (a configuration's first measurement) | every
     pa.field("injected_jitter", pa.float64()),  # benchmarks only (DDPSWEEP_JITTER): relative noise in backward
+    pa.field("injected_slowdown_rank", pa.int32()),  # benchmarks only (DDPSWEEP_SLOWDOWN=<cell>@<rank>): its rank
 ]
 
 # What the worker measured: exactly trainers.config.Measurement's fields, plus the trial's wall time.
@@ -107,6 +111,8 @@ MEASUREMENT = [
     pa.field("compiled_graphs", pa.int32()),  # compiled cells: graphs the backend compiled (ddp_optimizer: splits)
     pa.field("recompiles_timed", pa.int32()),  # compiled cells: frames compiled inside the timed steps (must be 0)
     pa.field("collectives_per_step", pa.int32()),  # all-reduce calls in one untimed step after warm-up (profiler)
+    pa.field("rank_compute_ms", pa.list_(pa.list_(pa.float64()))),  # per rank: no_sync forward + backward, per probe
+    pa.field("rank_wait_ms", pa.list_(pa.float64())),  # per rank: its median step minus its compute of the step
     pa.field("trial_wall_s", pa.float64()),  # this measurement on its worker group: setup to row, no group start
 ]
 

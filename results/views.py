@@ -23,6 +23,10 @@ VIEWS: dict[str, str] = {
     "the all-reduce on gas-1 micro-steps saved, with its interval.",
     "gradient_checks": "Every checked configuration's gradient check: exact, approximate or failed, the median "
     "relative error and its range, the tolerance; failed configurations first (left out of every answer).",
+    "stragglers": "One line per device and sweep: its compute (no_sync forward + backward, per rank) against the "
+    "other ranks' of the same measurements, as a ratio with its 95% interval, what it costs the others per step "
+    "(their wait beyond its own), and `straggler` where the interval lies wholly above 1 + results.stragglers."
+    "MIN_REL; `planted` where DDPSWEEP_SLOWDOWN planted it.",
     "calibration": "All-reduce time by message size on a group's own ranks (and the parameter broadcast), "
     "with algbw and busbw.",
     "alpha_beta": "The α–β fit of the calibration per cluster, sweep, world size, nodes and backend "

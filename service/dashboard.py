@@ -17,7 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from results import analysis, identity, predicted, recommend, scaling
+from results import analysis, identity, predicted, recommend, scaling, stragglers
 from results import compare as compare_mod
 from results import history as history_mod
 from results.cache import ANALYSIS_MAX_ROWS, CachedStore
@@ -268,7 +268,22 @@ def sweep_context(cache: CachedStore, rows: pd.DataFrame, cluster: str, sweep: s
         "errors": None if errors.empty else table_context(errors, ERROR_COLUMNS, "errors"),
         "checks": None if checks.empty else table_context(checks, CHECK_COLUMNS, "grad_check"),
         "n_failed_checks": int((checks["grad_check"] == "failed").sum()),
+        "ranks": ranks_context(rows),
     }
+
+
+RANK_COLUMNS = ["host", "local_rank", "device", "rows", "compute_ms", "others_ms", "ratio", "ratio_lo", "ratio_hi"]
+RANK_COLUMNS += ["cost_ms", "cost_rel", "planted", "straggler"]
+
+
+def ranks_context(rows: pd.DataFrame) -> dict | None:
+    """Each device's compute against its peers (results.stragglers) and the stragglers in words; None where the
+    rows carry no per-rank figures."""
+    table = stragglers.stragglers(rows)
+    if table.empty:
+        return None
+    named = [stragglers.named(line) for _, line in table[table["straggler"]].iterrows()]
+    return {"named": named, "table": table_context(table, RANK_COLUMNS, "ranks"), "min_rel": stragglers.MIN_REL}
 
 
 def prediction(cache: CachedStore, rows: pd.DataFrame, cluster: str) -> dict[str, pd.DataFrame] | None:

@@ -95,7 +95,8 @@ def build_row(
         "eliminated_at_round": None,  # set by the trial's round planner on the rows of a dropped cell's last round
     }
     if done is not None:
-        placed = ("hosts", "rank_nodes", "network", "ranks", "host_world_size")
+        placed = ("hosts", "rank_nodes", "rank_hosts", "rank_local_ranks", "rank_devices", "network", "ranks")
+        placed += ("host_world_size",)
         row |= done.get("fingerprint", {}) | {k: done.get(k) for k in placed}
         row |= (done.get("measurement") or {}) | (done.get("control") or {})
         per_node = done.get("ranks_per_node")

@@ -7,7 +7,7 @@ import dataclasses
 
 import pandas as pd
 
-from results import analysis, identity, racing
+from results import analysis, identity, racing, stragglers
 from results.knobs import KNOBS, at_default, show
 from results.uncertainty import rel_width
 from sweeps.grid import Cell
@@ -113,10 +113,11 @@ def _where(curve: dict, table: pd.DataFrame) -> str:
 
 def summary_text(rows: pd.DataFrame) -> str:
     """Per (workers, nodes, gas, no_sync): step_ms by bucket with intervals, the best bucket and the ones
-    indistinguishable from it, efficiency vs the baseline; then the cells whose interval is wide."""
+    indistinguishable from it, efficiency vs the baseline; then any straggler rank and the cells whose interval
+    is wide."""
     table = analysis.with_baseline(rows, keep_reps=True)
     if table.empty:
-        return "no distributed cell measured ok"
+        return "\n".join(["no distributed cell measured ok", *stragglers.summary_lines(rows)])
     lines = ["step times: median ms [95% interval over repeats and steps]"]
     for key, grp in table.groupby(LINE_KEYS, dropna=False):
         grp = grp.sort_values("bucket_cap_mb")
@@ -124,7 +125,8 @@ def summary_text(rows: pd.DataFrame) -> str:
         same = analysis.indistinguishable(grp, best) if pd.notna(best["bucket_cap_mb"]) else []
         lines.append(_where(dict(zip(LINE_KEYS, key, strict=True)), table) + ": " + _curve_line(grp, best, same))
     cells = analysis.ok_cells(rows)  # once: the check and noise lines read the same configurations
-    return "\n".join(lines + _decision_lines(rows) + _flag_lines(rows, cells) + _noise_lines(cells))
+    lines += _decision_lines(rows) + stragglers.summary_lines(rows)
+    return "\n".join(lines + _flag_lines(rows, cells) + _noise_lines(cells))
 
 
 def _decision_lines(rows: pd.DataFrame) -> list[str]:

@@ -31,19 +31,22 @@ from sweeps.ranks import FailureWatch, Layout, agree, announce, report_failure, 
 from trainers.collectives import allreduce_sweep, broadcast_time, sizes_up_to
 from trainers.gradcheck import EVERY, FIRST
 from trainers.model import grad_bytes
+from trainers.perrank import device_id
 from trainers.replica import build_model
 from trainers.stats import median_rel_half_width
 from trainers.step import Extras, release, run_cell
 
 
-def _placement() -> list[dict]:
-    """Every rank's place, in rank order: hostname, Ray node id and IP, and that node's network
-    fingerprint (each rank reads its own node's: a few files under /sys)."""
+def _placement(device: torch.device) -> list[dict]:
+    """Every rank's place, in rank order: hostname, Ray node id and IP, local rank, device (PCI bus id or core
+    set) and its node's network fingerprint (each rank reads its own node's: a few files under /sys)."""
     ip = ray.util.get_node_ip_address()
     mine = {
         "host": socket.gethostname(),
         "node": ray.get_runtime_context().get_node_id(),
         "ip": ip,
+        "local_rank": ray.train.get_context().get_local_rank(),
+        "device": device_id(device),
         "network": fingerprint.network(ip),
     }
     every: list = [None] * dist.get_world_size()
@@ -52,8 +55,8 @@ def _placement() -> list[dict]:
 
 
 def placement_info(placement: list[dict]) -> dict:
-    """What rank 0 reports of the placement: hosts, node count, ranks per node, every rank's node IP,
-    and one network fingerprint per node."""
+    """What rank 0 reports of the placement: hosts, node count, ranks per node, every rank's node IP, host,
+    local rank and device, and one network fingerprint per node."""
     per_node: dict[str, int] = {}
     networks: dict[str, dict] = {}
     for p in placement:
@@ -64,6 +67,9 @@ def placement_info(placement: list[dict]) -> dict:
         "nodes": len(per_node),
         "ranks_per_node": sorted(per_node.values(), reverse=True),
         "rank_nodes": [p["ip"] for p in placement],
+        "rank_hosts": [p["host"] for p in placement],
+        "rank_local_ranks": [p["local_rank"] for p in placement],
+        "rank_devices": [p["device"] for p in placement],
         "network": json.dumps(list(networks.values())),
     }
 
@@ -89,12 +95,25 @@ def _injected_fault(cell_id: str) -> None:
         time.sleep(10**6)
 
 
+def _entries(name: str) -> dict[str, str]:
+    entries = dict(e.split("=", 1) for e in os.environ.get(name, "").split(",") if "=" in e)
+    return {c.strip(): f for c, f in entries.items()}
+
+
 def injected(name: str, cell_id: str) -> float:
     """This cell's planted fraction from the variable `name` (one of PLANTED_ENVS, passed on by the driver:
     sweeps.runner.planted); an entry `*=<fraction>` plants it in every cell (a cell's own entry wins)."""
-    entries = dict(e.split("=", 1) for e in os.environ.get(name, "").split(",") if "=" in e)
-    entries = {c.strip(): f for c, f in entries.items()}
+    entries = _entries(name)
     return float(entries.get(cell_id, entries.get("*", 0.0)))
+
+
+def injected_straggler(cell_id: str) -> tuple[int, float] | None:
+    """(the cell's rank, fraction) of a straggler planted by DDPSWEEP_SLOWDOWN=<cell_id>@<rank>=<fraction>
+    (`*@<rank>` for every cell; a cell's own entry wins), or None."""
+    per_rank = [(c.partition("@"), f) for c, f in _entries(SLOWDOWN_ENV).items() if "@" in c]
+    mine = [(int(r), float(f)) for (c, _, r), f in per_rank if c == cell_id]
+    every = [(int(r), float(f)) for (c, _, r), f in per_rank if c == "*"]
+    return (mine or every or [None])[0]
 
 
 def _measure(w: Worker, slot: Slot, ranks: tuple[int, ...]) -> tuple[dict | None, str | None]:
@@ -133,7 +152,7 @@ def _run(w: Worker, slot: Slot, ranks: tuple[int, ...]) -> tuple[dict | None, st
         return None, f"{type(e).__name__}: {e}"
     finally:
         watch.close()
-    planted = {k: v for k, v in extras_record(w, extras).items() if v}
+    planted = extras_record(w, cell_id, ranks, extras)
     return (measurement.to_dict() | planted if measurement else None), None
 
 
@@ -146,24 +165,31 @@ def _release_quietly(device: torch.device) -> None:
 def _extras(w: Worker, cell_id: str, ranks: tuple[int, ...]) -> Extras:
     """The cell's extras on this rank: its check and group, and any plant (benchmarks and tests only)."""
     fail_here = _fault(cell_id) == f"raise-backward@{dist.get_rank()}"
+    straggler = injected_straggler(cell_id)
     return Extras(
         grad_check=_checks_now(w, cell_id),
         check_group=w.layout.check_group(ranks),
         slowdown=injected(SLOWDOWN_ENV, cell_id),
         corruption=injected(CORRUPT_ENV, cell_id),
         jitter=injected(JITTER_ENV, cell_id),
+        rank_slowdown=straggler[1] if straggler and straggler[0] == ranks.index(dist.get_rank()) else 0.0,
         fail_in_backward=fail_here,
     )
 
 
-def extras_record(w: Worker, extras: Extras) -> dict:
-    """What the row records of the extras: the plants, and when the sweep checks gradients."""
-    return {
-        "injected_slowdown": extras.slowdown,
+def extras_record(w: Worker, cell_id: str, ranks: tuple[int, ...], extras: Extras) -> dict:
+    """What the row records of the extras: the plants (only those planted), and when the sweep checks gradients.
+    Rank 0 writes the row: a straggler planted on another of the cell's ranks is read from the variable."""
+    straggler = injected_straggler(cell_id)
+    straggler = straggler if straggler and straggler[0] < len(ranks) else None
+    record = {
+        "injected_slowdown": straggler[1] if straggler else extras.slowdown,
+        "injected_slowdown_rank": straggler[0] if straggler else None,
         "injected_corruption": extras.corruption,
         "injected_jitter": extras.jitter,
         "grad_check_when": w.grad_check or None,
     }
+    return {k: v for k, v in record.items() if v is not None and (v != 0 or k == "injected_slowdown_rank")}
 
 
 def _checks_now(w: Worker, cell_id: str) -> bool | None:
@@ -244,7 +270,7 @@ def train_fn_per_worker(config: dict) -> None:
     group, threads = config["group"], config["threads"]
     device = ray.train.torch.get_device()
     rank0 = ray.train.get_context().get_world_rank() == 0
-    placement = _placement()
+    placement = _placement(device)
     grad_check = config.get("grad_check", FIRST)
     layout = Layout.build(group, placement, bool(grad_check), whole=group.isolation != "sweep")
     given = config.get("env", {})  # the variables the spec gave this group, as it gave them

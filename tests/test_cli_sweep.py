@@ -75,6 +75,10 @@ def test_smoke_spec_end_to_end(smoke_run, tmp_path):
     assert "33 of 33 measurements to run in 1 worker group(s)" in out
     assert set(rows["host_world_size"]) == {2} and sorted(map(list, single["ranks"])) == [[0]] * 6
     assert "Configuration for experiment" not in out  # Ray's console noise stays out of the way
+    # each DDP measurement has both ranks' compute and wait, where they ran; no plant: no rank named (A/A)
+    assert all(len(c) == 2 and all(len(p) == 5 for p in c) for c in ddp["rank_compute_ms"])
+    assert all(list(lr) == [0, 1] for lr in ddp["rank_local_ranks"]) and single["rank_compute_ms"].isna().all()
+    assert "\nstragglers: none beyond the noise (2 device(s), 54 rank measurements;" in out
 
     # the store a real Ray sweep wrote answers queries and renders a report
     runner = CliRunner()

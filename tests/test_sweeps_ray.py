@@ -260,8 +260,14 @@ def test_a_race_drops_planted_slow_cells_and_auto_rounds_stop_once_resolved(faul
     assert ran == sorted(ran)  # round by round, each in its planned order (less the dropped cells)
 
 
-def test_one_worker_group_measures_every_placement_on_its_own_ranks(fault_file, tmp_path):
+def test_one_worker_group_measures_every_placement_on_its_own_ranks(fault_file, tmp_path, monkeypatch):
+    """Each cell on its own ranks of one group; with a straggler planted on rank 1 (DDPSWEEP_SLOWDOWN=*@1=1), the
+    2-rank cell's row names that rank's host, local rank and device, and the summary names it."""
+    from results.stragglers import summary_lines
+    from sweeps.options import SLOWDOWN_ENV
+
     fault_file.write_text("")
+    monkeypatch.setenv(SLOWDOWN_ENV, "*@1=1")
     text = spec_text(buckets="[25]", isolation="sweep").replace("workers: [2]", "workers: [1, 2]")
     plan = plan_sweep(parse_spec(text), results=str(tmp_path))
     (group,) = plan.groups()  # baselines, 1x1 and 1x2 DDP: one worker group of two ranks
@@ -273,6 +279,13 @@ def test_one_worker_group_measures_every_placement_on_its_own_ranks(fault_file, 
     assert by_mode[("single", 1)]["ranks"] == [0] and by_mode[("single", 1)]["backend"] == "none"
     assert by_mode[("ddp", 1)]["ranks"] == [0] and by_mode[("ddp", 2)]["ranks"] == [0, 1]
     assert [len(r["rank_nodes"]) for r in rows] == [len(r["ranks"]) for r in rows]
+    two = by_mode[("ddp", 2)]
+    assert two["rank_local_ranks"] == [0, 1] and len(set(two["rank_hosts"])) == 1
+    assert all(d.startswith("cpu:") for d in two["rank_devices"]) and len(two["rank_compute_ms"]) == 2
+    assert (two["injected_slowdown"], two["injected_slowdown_rank"]) == (1.0, 1)
+    assert all(r.get("injected_slowdown_rank") is None for r in rows if r["world_size"] == 1)
+    (said,) = summary_lines(load(str(tmp_path)))
+    assert said.startswith(f"straggler: {two['rank_hosts'][1]} local rank 1 (cpu:") and "[planted" in said
     assert (
         by_mode[("ddp", 2)]["workers_per_node_observed"] == 2 and by_mode[("ddp", 1)]["workers_per_node_observed"] == 1
     )

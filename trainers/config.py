@@ -148,6 +148,8 @@ class Measurement:
     compiled_graphs: int | None = None  # compiled cells: graphs the backend compiled (ddp_optimizer: one per split)
     recompiles_timed: int | None = None  # compiled cells: frames Dynamo compiled inside the timed steps (must be 0)
     collectives_per_step: int | None = None  # all-reduce calls in one untimed step after warm-up (profiler), rank 0
+    rank_compute_ms: list[list[float]] | None = None  # each rank's no_sync forward + backward, per micro-step (PROBES)
+    rank_wait_ms: list[float] | None = None  # each rank's median step minus its compute of the step (trainers.perrank)
 
     def to_dict(self) -> dict:
         return asdict(self)

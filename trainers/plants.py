@@ -1,4 +1,5 @@
-"""Faults planted by benchmarks and tests, never by a spec: a nondeterministic backward, a rank that fails in one.
+"""Faults planted by benchmarks and tests, never by a spec: a nondeterministic backward, a rank that fails in one,
+a rank whose compute is slower than its peers' (a straggler).
 
 A backward that differs on every call, as a GPU's does (DDPSWEEP_JITTER).
 
@@ -12,7 +13,9 @@ backward (trainers.gradcheck) must not.
 
 from __future__ import annotations
 
+import math
 import os
+import time
 
 import torch
 from torch import nn
@@ -72,3 +75,23 @@ def failing_backward(model: nn.Module) -> RemovableHandle:
         raise PlantedFault("fault planted in the middle of the backward")
 
     return params[len(params) // 2].register_hook(hook)
+
+
+def slowed_compute(model: nn.Module, fraction: float, sync=lambda: None) -> list[RemovableHandle]:
+    """Make this rank's forward + backward `fraction` slower (DDPSWEEP_SLOWDOWN=<cell>@<rank>=<fraction>): a sleep
+    of `fraction` times the fastest forward + backward so far, taken when the first parameter's gradient is
+    ready (the last in the backward's order), so that every bucket after it, and the peers waiting on them, wait
+    too. The clock starts at each forward (a forward pre-hook); eager cells only."""
+    start, fastest = [0.0], [math.inf]  # s
+
+    def at_forward(module: nn.Module, args: tuple) -> None:
+        sync()
+        start[0] = time.perf_counter()
+
+    def at_last_grad(grad: torch.Tensor) -> None:
+        sync()
+        fastest[0] = min(fastest[0], time.perf_counter() - start[0])
+        time.sleep(fraction * fastest[0])
+
+    first = next(p for p in model.parameters() if p.requires_grad)
+    return [model.register_forward_pre_hook(at_forward), first.register_hook(at_last_grad)]

@@ -216,9 +216,14 @@ def bucket_sizes(module: nn.Module) -> list[int]:
     return [int(s) for s in str(text).split(",") if s.strip()]
 
 
-def gather_max(values: list[float], device: torch.device, group: dist.ProcessGroup | None = None) -> list[float]:
-    """Element-wise max over the ranks of `group` (after the timed loop: never inside it)."""
+def gather_all(values: list[float], device: torch.device, group: dist.ProcessGroup | None = None) -> list[list[float]]:
+    """Every rank's `values`, in the rank order of `group` (after the timed loop: never inside it)."""
     mine = torch.tensor(values, dtype=torch.float64, device=device)
     every = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(every, mine, group=group)
-    return torch.stack(every).max(dim=0).values.tolist()
+    return [t.tolist() for t in every]
+
+
+def gather_max(values: list[float], device: torch.device, group: dist.ProcessGroup | None = None) -> list[float]:
+    """Element-wise max over the ranks of `group` (after the timed loop: never inside it)."""
+    return [max(column) for column in zip(*gather_all(values, device, group), strict=True)]

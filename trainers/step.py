@@ -22,7 +22,8 @@ from trainers.config import Measurement, StepConfig
 from trainers.errors import StepError
 from trainers.gradcheck import OFF, GradCheck
 from trainers.model import grad_bytes, n_params
-from trainers.plants import failing_backward, jittered
+from trainers.perrank import rank_figures
+from trainers.plants import failing_backward, jittered, slowed_compute
 from trainers.replica import (
     Replica,
     bucket_sizes,
@@ -49,6 +50,7 @@ class Extras:
     slowdown: float = 0.0  # benchmarks only: each timed step made this fraction slower (trainers.timing.slowed)
     corruption: float = 0.0  # benchmarks only: all-reduced buckets scaled by 1 + this (trainers.hooks.corrupted)
     jitter: float = 0.0  # benchmarks only: relative noise in every backward, as GPU atomics give (trainers.plants)
+    rank_slowdown: float = 0.0  # benchmarks only: this rank's forward + backward this fraction slower (a straggler)
     fail_in_backward: bool = False  # tests only: this rank raises in the middle of its first backward
 
 
@@ -119,10 +121,7 @@ def _run_cell(
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     t0 = time.perf_counter()
     rep = setup_replica(cfg, device, template, group, extras.corruption)
-    if extras.jitter:
-        jittered(rep.model, extras.jitter)
-    if extras.fail_in_backward:
-        failing_backward(rep.model)
+    _plant(rep.model, extras, sync)
     sync()
     setup_ms = (time.perf_counter() - t0) * 1e3
     t0 = time.perf_counter()
@@ -134,7 +133,8 @@ def _run_cell(
     if distributed(cfg):
         dist.barrier(group=group)
     activity = rep.compiled.activity() if rep.compiled else 0
-    times, converged, steps = timed_phase(cfg, rep, device, sync, extras.slowdown)
+    times, own, converged, steps = timed_phase(cfg, rep, device, sync, extras.slowdown)
+    counted |= rank_figures(rep, sync, own) if distributed(cfg) else {}
     if rep.compiled:
         counted |= compiled_figures(rep, compile_s, rep.compiled.activity() - activity)
     traced = traced_steps(rep, sync) if cfg.trace_comm and cfg.mode == "ddp" else {}
@@ -157,6 +157,16 @@ def _run_cell(
         said = f"{m.recompiles_timed} recompilation(s) inside the timed steps: their times include compiling"
         m = replace(m, timing_note="; ".join(filter(None, [m.timing_note, said])))
     return m
+
+
+def _plant(model: torch.nn.Module, extras: Extras, sync: Hook) -> None:
+    """The benchmarks' and tests' faults in this rank's model (trainers.plants), where the extras ask for one."""
+    if extras.jitter:
+        jittered(model, extras.jitter)
+    if extras.fail_in_backward:
+        failing_backward(model)
+    if extras.rank_slowdown:
+        slowed_compute(model, extras.rank_slowdown, sync)
 
 
 CUDA_WARMUP_S = 1.0  # warmup_s null on CUDA: an idle GPU's clocks come back within about this
@@ -262,21 +272,22 @@ def check_gradient(rep: Replica, check_group: dist.ProcessGroup | None, sync: Ho
 
 
 def timed_phase(cfg: StepConfig, rep: Replica, device: torch.device, sync: Callable[[], None], slowdown: float = 0.0):
-    """(per-step slowest-rank times in ms, converged, steps taken). Fixed: `timed_steps` steps, converged
-    None. Adaptive: batches of `timed_steps` until the median's interval is within ±target_rel_ci, or
+    """(per-step slowest-rank times in ms, this rank's own, converged, steps taken). Fixed: `timed_steps` steps,
+    converged None. Adaptive: batches of `timed_steps` until the median's interval is within ±target_rel_ci, or
     max_timed_steps / max_cell_s is reached. Between batches the ranks gather their times (outside any
     timed step), so every rank takes the same decision from the same numbers. `loop` timing gives one
     time, the mean step."""
     gather = (lambda t: gather_max(t, device, rep.group)) if distributed(cfg) else (lambda t: t)
     measure = _timer(cfg, device, sync, slowed(lambda: train_step(rep), slowdown, sync))
     if cfg.target_rel_ci is None:
-        return gather(measure(cfg.timed_steps)), None, cfg.timed_steps
+        own = measure(cfg.timed_steps)
+        return gather(own), own, None, cfg.timed_steps
     own = measure(min(cfg.timed_steps, cfg.max_timed_steps))  # the first batch is capped too
     while True:
         times = gather(own)
         converged = median_rel_half_width(times) <= cfg.target_rel_ci
         if converged or len(times) >= cfg.max_timed_steps or sum(times) / 1e3 >= cfg.max_cell_s:
-            return times, converged, len(times)
+            return times, own, converged, len(times)
         own += measure(min(cfg.timed_steps, cfg.max_timed_steps - len(own)))
 
 
