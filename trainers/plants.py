@@ -13,7 +13,6 @@ backward (trainers.gradcheck) must not.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 
@@ -79,10 +78,11 @@ def failing_backward(model: nn.Module) -> RemovableHandle:
 
 def slowed_compute(model: nn.Module, fraction: float, sync=lambda: None) -> list[RemovableHandle]:
     """Make this rank's forward + backward `fraction` slower (DDPSWEEP_SLOWDOWN=<cell>@<rank>=<fraction>): a sleep
-    of `fraction` times the fastest forward + backward so far, taken when the first parameter's gradient is
-    ready (the last in the backward's order), so that every bucket after it, and the peers waiting on them, wait
-    too. The clock starts at each forward (a forward pre-hook); eager cells only."""
-    start, fastest = [0.0], [math.inf]  # s
+    of `fraction` times this forward + backward's own time, taken when the first parameter's gradient is ready
+    (the last in the backward's order), so that every bucket after it, and the peers waiting on them, wait too.
+    The clock starts at each forward (a forward pre-hook) and holds no peer's wait, so sleeps never compound;
+    eager cells only."""
+    start = [0.0]  # s
 
     def at_forward(module: nn.Module, args: tuple) -> None:
         sync()
@@ -90,8 +90,7 @@ def slowed_compute(model: nn.Module, fraction: float, sync=lambda: None) -> list
 
     def at_last_grad(grad: torch.Tensor) -> None:
         sync()
-        fastest[0] = min(fastest[0], time.perf_counter() - start[0])
-        time.sleep(fraction * fastest[0])
+        time.sleep(fraction * (time.perf_counter() - start[0]))
 
     first = next(p for p in model.parameters() if p.requires_grad)
     return [model.register_forward_pre_hook(at_forward), first.register_hook(at_last_grad)]
