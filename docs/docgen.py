@@ -100,10 +100,12 @@ def spec_reference() -> str:
 
 FIELD_LINE = re.compile(r'pa\.field\("(\w+)",[^#]*?(?:#\s*(.*))?$')
 KNOB_LINE = re.compile(r'_knob_column\(BY_NAME\["(\w+)"\]\),?\s*(?:#\s*(.*))?$')
+MEASURED_LINE = re.compile(r"^    (\w+): [^#]+#\s*(.*)$")  # a field of trainers.measurement.Measurement
 
 
 def column_docs() -> dict[str, str]:
-    """Every row column's documentation: the comment beside it in results/schema.py, else its knob's doc."""
+    """Every row column's documentation: the comment beside it in results/schema.py or, for a measurement, in
+    trainers/measurement.py, else its knob's doc."""
     from results.schema import SCHEMA
     from sweeps.spec import knob_docs
 
@@ -111,6 +113,10 @@ def column_docs() -> dict[str, str]:
     for line in (ROOT / "results" / "schema.py").read_text().splitlines():
         m = FIELD_LINE.search(line) or KNOB_LINE.search(line)
         if m and m.group(2):
+            comments.setdefault(m.group(1), m.group(2).strip())
+    for line in (ROOT / "trainers" / "measurement.py").read_text().splitlines():
+        m = MEASURED_LINE.match(line)
+        if m:
             comments.setdefault(m.group(1), m.group(2).strip())
     knobs = knob_docs()
     return {f.name: comments.get(f.name) or knobs.get(f.name, "") for f in SCHEMA}

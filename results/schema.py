@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import typing
 
 import pyarrow as pa
 
 from results.knobs import BY_NAME, KNOBS, STEP_KNOBS, UNSET, Knob
+from trainers.measurement import Measurement
 
 _TS = pa.timestamp("us", tz="UTC")
 
@@ -71,50 +73,21 @@ PLACEMENT = [
     pa.field("injected_slowdown_rank", pa.int32()),  # benchmarks only (DDPSWEEP_SLOWDOWN=<cell>@<rank>): its rank
 ]
 
-# What the worker measured: exactly trainers.config.Measurement's fields, plus the trial's wall time.
-MEASUREMENT = [
-    _knob_column(BY_NAME["backend"]),  # as run: nccl | gloo | none (single)
-    pa.field("device_type", pa.string()),  # cuda | cpu
-    pa.field("n_params", pa.int64()),  # parameters of the model
-    pa.field("grad_bytes", pa.int64()),  # bytes
-    pa.field("num_threads", pa.int32()),  # torch intra-op threads per rank
-    pa.field("setup_ms", pa.float64()),  # model copy + optimizer + DDP wrapper for this cell
-    pa.field("warmup_ms", pa.float64()),  # all warm-up steps of this cell
-    pa.field("step_ms", pa.float64()),  # median of per-step slowest-rank times
-    pa.field("step_ms_mean", pa.float64()),  # mean of the per-step slowest-rank times
-    pa.field("step_ms_p10", pa.float64()),  # 10th percentile of the per-step times
-    pa.field("step_ms_p90", pa.float64()),  # 90th percentile of the per-step times
-    pa.field("step_ms_cv", pa.float64()),  # std / mean of the per-step times (null for loop timing)
-    pa.field("tokens_per_s", pa.float64()),  # null where the workload gives no tokens_per_sample
-    pa.field("samples_per_s", pa.float64()),  # global samples per step / median step
-    pa.field("peak_mem_bytes", pa.int64()),  # during this cell only; null where unmeasurable
-    pa.field("num_buckets", pa.int32()),  # DDP's gradient buckets (after its rebuild)
-    pa.field("bucket_sizes_bytes", pa.list_(pa.int64())),  # each bucket's size in bytes, from DDP's logging data
-    pa.field("step_times_ms", pa.list_(pa.float64())),  # every timed step: the slowest rank's time, in order
-    pa.field("timed_steps_run", pa.int32()),  # timed steps actually taken
-    pa.field("converged", pa.bool_()),  # adaptive timing reached its target; null for fixed steps
-    pa.field("comm_ms", pa.float64()),  # trace_comm (rank 0): time with an all-reduce in flight, per step
-    pa.field("comm_exposed_ms", pa.float64()),  # trace_comm: communication left after backward compute ended
-    pa.field("comm_overlap_frac", pa.float64()),  # trace_comm: 1 - exposed / comm
-    pa.field("comm_timeline_ms", pa.list_(pa.list_(pa.float64()))),  # [bucket, launch, done] of the median step
-    pa.field("comm_bytes_per_step", pa.int64()),  # trace_comm: bytes all-reduced per step by rank 0 (median)
-    pa.field("comm_collectives_per_step", pa.int32()),  # trace_comm: all-reduce calls per step (median)
-    pa.field("replicas_in_sync", pa.bool_()),  # every rank's parameters bit-identical after the timed steps
-    pa.field("timing_used", pa.string()),  # how they were timed (events falls back to sync on CPU)
-    pa.field("timing_note", pa.string()),  # why timing_used differs from timing, or what a loop row lacks
-    pa.field("grad_check", pa.string()),  # exact | approximate | failed | indeterminate | off; null: not checked
-    pa.field("grad_rel_error", pa.float64()),  # DDP's gradient vs the fp64 reference: relative L2 error
-    pa.field("grad_tol", pa.float64()),  # the relative error fp32 reduction order explains (trainers.gradcheck)
-    pa.field("grad_check_ms", pa.float64()),  # the check's cost, after the timed steps
-    pa.field("grad_check_note", pa.string()),  # indeterminate: why the local gradients could not be captured
-    pa.field("compile_s", pa.float64()),  # compiled cells: the warm-up steps that compiled (first and recompiles), s
-    pa.field("compiled_graphs", pa.int32()),  # compiled cells: graphs the backend compiled (ddp_optimizer: splits)
-    pa.field("recompiles_timed", pa.int32()),  # compiled cells: frames compiled inside the timed steps (must be 0)
-    pa.field("collectives_per_step", pa.int32()),  # all-reduce calls in one untimed step after warm-up (profiler)
-    pa.field("rank_compute_ms", pa.list_(pa.list_(pa.float64()))),  # per rank: no_sync forward + backward, per probe
-    pa.field("rank_wait_ms", pa.list_(pa.float64())),  # per rank: its median step minus its compute of the step
-    pa.field("trial_wall_s", pa.float64()),  # this measurement on its worker group: setup to row, no group start
-]
+_ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
+
+
+def _arrow(hint: object) -> pa.DataType:
+    """The Arrow type of a Measurement field's annotation: str, int, float, bool, lists of them, optional."""
+    if typing.get_origin(hint) is list:
+        return pa.list_(_arrow(typing.get_args(hint)[0]))
+    inner = [a for a in typing.get_args(hint) if a is not type(None)]  # X | None
+    return _arrow(inner[0]) if inner else _ARROW[hint]
+
+
+# What the worker measured: one column per field of trainers.measurement.Measurement (its comments document
+# them), plus the trial's wall time.
+MEASUREMENT = [pa.field(k, _arrow(t)) for k, t in typing.get_type_hints(Measurement).items()]
+MEASUREMENT.append(pa.field("trial_wall_s", pa.float64()))  # this measurement on its worker group: setup to row
 
 FINGERPRINT = [
     pa.field("hosts", pa.list_(pa.string())),  # the hostnames of the ranks

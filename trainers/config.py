@@ -1,16 +1,16 @@
-"""Configuration of one measured cell, and the result it returns."""
+"""Configuration of one measured cell (its result: trainers.measurement)."""
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 from trainers.errors import ConfigError
 from trainers.knobs import BY_NAME, COMM_HOOKS, MODES, STEP_KNOBS, TIMINGS, StepKnobs, check
 from trainers.presets import PRESETS
 
-__all__ = ["COMM_HOOKS", "MODES", "TIMINGS", "Measurement", "StepConfig", "canonical_args"]
+__all__ = ["COMM_HOOKS", "MODES", "TIMINGS", "StepConfig", "canonical_args"]
 
 WORKLOAD_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
@@ -101,55 +101,3 @@ def canonical_args(args: dict) -> str:
         return json.dumps(args, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as e:
         raise ConfigError("workload_args", args, f"JSON values only ({e})") from None
-
-
-@dataclass(frozen=True, kw_only=True)
-class Measurement:
-    """What rank 0 measured for one cell: measurements only (the configuration is the StepConfig).
-
-    Times in ms, memory in bytes.
-    """
-
-    backend: str  # the process group's backend as run: nccl | gloo | none (single)
-    device_type: str  # cuda | cpu
-    n_params: int
-    grad_bytes: int  # bytes
-    num_threads: int  # torch intra-op threads per rank
-    setup_ms: float  # model copy + optimizer + DDP wrapper for this cell
-    warmup_ms: float  # all warm-up steps together (untimed steps, timed as a block)
-    step_ms: float  # median of the per-step slowest-rank times
-    step_ms_mean: float
-    step_ms_p10: float
-    step_ms_p90: float
-    step_ms_cv: float | None  # std / mean (None: loop timing, one mean)
-    tokens_per_s: float | None  # global tokens per step / median step time (None: the workload gives no tokens)
-    samples_per_s: float  # global samples per step / median step time
-    peak_mem_bytes: int | None  # max over ranks during this cell: CUDA max allocated, or VmHWM on Linux CPU
-    num_buckets: int
-    bucket_sizes_bytes: list[int] = field(default_factory=list)
-    step_times_ms: list[float] = field(default_factory=list)
-    timed_steps_run: int = 0  # how many timed steps were taken (fixed: timed_steps)
-    converged: bool | None = None  # adaptive timing: the interval reached its target (None: fixed steps)
-    comm_ms: float | None = None  # trace_comm, rank 0: time with an all-reduce in flight per step (median)
-    comm_exposed_ms: float | None = None  # trace_comm: communication left after backward compute ended
-    comm_overlap_frac: float | None = None  # trace_comm: 1 - exposed / comm
-    comm_timeline_ms: list[list[float]] | None = None  # trace_comm: [bucket, launch, done] of the median step
-    comm_bytes_per_step: int | None = None  # trace_comm: bytes all-reduced per optimizer step, rank 0 (median)
-    comm_collectives_per_step: int | None = None  # trace_comm: all-reduce calls per optimizer step (median)
-    replicas_in_sync: bool = True
-    timing_used: str = "sync"  # how the steps were timed: sync | events | loop (events falls back to sync on CPU)
-    timing_note: str | None = None  # why timing_used differs from the cell's timing, or what a loop row lacks
-    grad_check: str | None = None  # exact | approximate | failed | indeterminate | off; None: not checked
-    grad_rel_error: float | None = None  # relative L2 error of DDP's gradient against the fp64 reference
-    grad_tol: float | None = None  # the relative error the reduction's rounding explains (within it: not failed)
-    grad_check_ms: float | None = None  # the check's cost: one untimed step and the fp64 reduction
-    grad_check_note: str | None = None  # indeterminate: why the local gradients could not be captured
-    compile_s: float | None = None  # compiled cells: warm-up steps that compiled (the first, and any recompile), s
-    compiled_graphs: int | None = None  # compiled cells: graphs the backend compiled (ddp_optimizer: one per split)
-    recompiles_timed: int | None = None  # compiled cells: frames Dynamo compiled inside the timed steps (must be 0)
-    collectives_per_step: int | None = None  # all-reduce calls in one untimed step after warm-up (profiler), rank 0
-    rank_compute_ms: list[list[float]] | None = None  # each rank's no_sync forward + backward, per micro-step (PROBES)
-    rank_wait_ms: list[float] | None = None  # each rank's median step minus its compute of the step (trainers.perrank)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
