@@ -22,8 +22,8 @@ sys.path.insert(0, str(ROOT))
 
 from results.compare import POSITION, compare  # noqa: E402
 from results.store import load  # noqa: E402
-from sweeps.spec import SweepSpec  # noqa: E402
-from sweeps.specfile import load_spec  # noqa: E402
+from sweeps.spec.files import load_spec  # noqa: E402
+from sweeps.spec.sweep import SweepSpec  # noqa: E402
 
 
 def run(spec: SweepSpec, cluster: str, results: str) -> None:

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from results import analysis, costmodel  # noqa: E402
 from results.store import load, load_calibration  # noqa: E402
-from sweeps.specfile import load_spec  # noqa: E402
+from sweeps.spec.files import load_spec  # noqa: E402
 
 
 def main() -> None:

@@ -12,7 +12,7 @@
 #     rich, psutil, httpx, jinja2 are not Ray dependencies and are not downloaded);
 #   - DuckDB (results.reader then reads file by file) and FastAPI/uvicorn (no `ddpsweep serve` there);
 #   - ray[default]: without the dashboard's packages the embedded Ray starts without its dashboard
-#     (sweeps/session.py), so no Ray Jobs, and a cell killed at cell_timeout_s keeps its placement group;
+#     (sweeps/driver/session.py), so no Ray Jobs, and a cell killed at cell_timeout_s keeps its placement group;
 #   - from Ray's wheel: ray/jars (Java workers), the dashboard's client build, rllib.
 set -euo pipefail
 cd "$(dirname "$0")/.."

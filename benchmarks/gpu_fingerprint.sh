@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 ${PYTHON:-python3} - <<'PY'
 import json, socket
 import torch
-from sweeps.fingerprint import collect, network
+from sweeps.worker.fingerprint import collect, network
 
 ip = socket.gethostbyname(socket.gethostname())
 row = collect(torch.device("cuda"))

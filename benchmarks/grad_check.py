@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 from results.recommend import recommend  # noqa: E402
 from results.store import load  # noqa: E402
-from sweeps.grid import expand  # noqa: E402
-from sweeps.spec import spec_from_dict  # noqa: E402
+from sweeps.plan.grid import expand  # noqa: E402
+from sweeps.spec.sweep import spec_from_dict  # noqa: E402
 
 HOOKS = ["none", "fp16"]
 JITTER, CORRUPTION = 1e-3, 1e-4

@@ -32,9 +32,9 @@ sys.path.insert(0, str(ROOT))
 
 from results.compare import compare  # noqa: E402
 from results.store import load  # noqa: E402
-from sweeps.grid import Cell, expand  # noqa: E402
-from sweeps.spec import SweepSpec  # noqa: E402
-from sweeps.specfile import load_spec  # noqa: E402
+from sweeps.plan.grid import Cell, expand  # noqa: E402
+from sweeps.spec.files import load_spec  # noqa: E402
+from sweeps.spec.sweep import SweepSpec  # noqa: E402
 
 
 def run_sweep(spec: SweepSpec, isolation: str, results: str) -> tuple[float, float, pd.DataFrame]:

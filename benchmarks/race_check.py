@@ -58,8 +58,8 @@ SPEC = {
 
 def real_race(out: Path, i: int, max_rounds: int, timed_steps: int) -> pd.DataFrame:
     """One race on the embedded Ray, its slowdowns planted on a rotation of the buckets; its rows."""
-    from sweeps.grid import expand
-    from sweeps.spec import spec_from_dict
+    from sweeps.plan.grid import expand
+    from sweeps.spec.sweep import spec_from_dict
 
     spec = SPEC | {"repeats": max_rounds, "timed_steps": timed_steps}
     cells = {c.step.bucket_cap_mb: c.cell_id for c in expand(spec_from_dict(spec, "race")) if c.step.mode == "ddp"}

@@ -11,7 +11,7 @@
 # leave the pair. Each end's egress is shaped with tc tbf to RATE, so every byte between the nodes
 # crosses a link of known speed, while ranks on the same node talk over their namespace's loopback.
 # Node A runs the Ray head, node B a worker node; every rank binds gloo to ddp0, the interface holding its
-# node's IP (sweeps.bind), with no GLOO_SOCKET_IFNAME set.
+# node's IP (sweeps.worker.bind), with no GLOO_SOCKET_IFNAME set.
 # `up` tears everything down again if any step fails; `down` is safe to run at any time.
 set -euo pipefail
 

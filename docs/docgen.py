@@ -62,7 +62,7 @@ def _default(f: dataclasses.Field) -> str:
 
 def spec_docs() -> dict[str, tuple[str, str, str]]:
     """Every spec key: (kind, default, documentation)."""
-    from sweeps.spec import SweepSpec
+    from sweeps.spec.sweep import SweepSpec
 
     own = attribute_docs(SweepSpec)
     out = {}
@@ -87,7 +87,7 @@ def spec_reference() -> str:
             "# Spec reference",
             "",
             "Every key a sweep spec (YAML) may hold; an unknown key is refused with the list of these. Keys whose",
-            "kind is a list are grid axes: every combination is a cell. Generated from `sweeps.spec.SweepSpec`",
+            "kind is a list are grid axes: every combination is a cell. Generated from `sweeps.spec.sweep.SweepSpec`",
             "and the knob table (`trainers.knobs`).",
             "",
             "| key | kind | default | what it does |",
@@ -107,7 +107,7 @@ def column_docs() -> dict[str, str]:
     """Every row column's documentation: the comment beside it in results/schema.py or, for a measurement, in
     trainers/measurement.py, else its knob's doc."""
     from results.schema import SCHEMA
-    from sweeps.spec import knob_docs
+    from sweeps.spec.sweep import knob_docs
 
     comments: dict[str, str] = {}
     for line in (ROOT / "results" / "schema.py").read_text().splitlines():

@@ -1,6 +1,6 @@
 """Decisions a sweep takes while it measures: which cells to stop measuring (`search: race`) and when a curve's
 answer is known (`repeats: auto`). Pure functions over the rows a worker group has produced so far; the trial
-calls them after every round (sweeps/trial.py), benchmarks/race_check.py on simulated rounds.
+calls them after every round (sweeps/trial/actor.py), benchmarks/race_check.py on simulated rounds.
 
 The race (F-Race's idea, Birattari 2002, with a bootstrap test in place of Friedman's): at each planned look
 (after min_rounds rounds, then about every 1.5x as many: Rule.looks_at), each curve's leader is its cell with

@@ -59,7 +59,7 @@ class ServiceSettings:
     public_reads: bool = True  # reads without a token; `serve` sets False when it binds beyond loopback
     allowed_hosts: tuple[str, ...] | None = None  # Host header values accepted (None: any; `serve` sets them)
     allow_workload: tuple[str, ...] = ()  # module prefixes a submitted spec's `workload` may come from
-    allow_env: tuple[str, ...] = ()  # variables a submitted spec may set beyond sweeps.envvars.TUNING
+    allow_env: tuple[str, ...] = ()  # variables a submitted spec may set beyond sweeps.spec.envvars.TUNING
     workload_dir: str | None = None  # the folder shipped with a sweep naming an allowed workload (never the cwd)
     max_rows: int = STORE_MAX_ROWS  # rows the server keeps in memory; more is a 413 naming --max-rows
     body_timeout_s: float = BODY_TIMEOUT_S  # a request body not received within this is a 408

@@ -18,7 +18,7 @@ from service.cli_common import Edge, echo, fail
 from trainers.errors import ConfigError, DDPSweepError
 
 if TYPE_CHECKING:
-    from sweeps.spec import SweepSpec
+    from sweeps.spec.sweep import SweepSpec
 
 app = typer.Typer(
     cls=Edge,
@@ -38,7 +38,7 @@ def root() -> None:
 def _warn_risky_env(spec) -> None:
     """One line per variable that loads code or touches files (the CLI runs them: the machine is the user's), and
     per setting that has no effect."""
-    from sweeps import envvars
+    from sweeps.spec import envvars
 
     for path in envvars.names(spec.env, spec.env_grid):
         why = envvars.warning(path.partition(".")[2])
@@ -79,10 +79,11 @@ def run(
     """Measure a sweep: one Parquet row per measurement as it lands, then per curve the best bucket with its
     interval and the scaling efficiency. --dry-run prints the grid and whether this machine can run it."""
     from results.errors import StoreFull
-    from sweeps import modelsearch, runner, session
-    from sweeps.plan import plan_sweep
-    from sweeps.specfile import load_spec
-    from sweeps.summary import cells_table, summary_text
+    from sweeps.driver import runner, session
+    from sweeps.driver.summary import cells_table, summary_text
+    from sweeps.plan.planner import plan_sweep
+    from sweeps.predict import modelsearch
+    from sweeps.spec.files import load_spec
 
     plan = None
     stop_on_signals(session)
@@ -140,7 +141,7 @@ def run(
 
 def allow(modules: list[str]) -> None:
     """--allow-workload: installed or standard modules whose factories may run, here and on the workers
-    (trainers.workload.refused; sweeps.runner passes the variable on)."""
+    (trainers.workload.refused; sweeps.driver.runner passes the variable on)."""
     from trainers.errors import ALLOW_WORKLOAD_ENV
 
     if modules:
@@ -182,7 +183,7 @@ def progress_printer(total: int):
     """Live progress on a terminal, one line per row elsewhere (service.progress); a closed stdout
     (`| head -1`) silences it but never stops the sweep."""
     from service.progress import SweepProgress
-    from sweeps.summary import progress_line
+    from sweeps.driver.summary import progress_line
 
     return SweepProgress(total, progress_line)
 
@@ -243,9 +244,9 @@ def calibrate(
     prints the α–β fit (rows: the `calibration` table)."""
     from results import costmodel
     from results.store import load_calibration
-    from sweeps import runner, session
-    from sweeps.plan import plan_sweep
-    from sweeps.specfile import load_spec
+    from sweeps.driver import runner, session
+    from sweeps.plan.planner import plan_sweep
+    from sweeps.spec.files import load_spec
 
     stop_on_signals(session)
     try:
@@ -285,8 +286,8 @@ def predict(
     measured, each cell's prediction_error and each curve's accuracy."""
     from results import predicted
     from results.store import Store, load, load_calibration
-    from sweeps import predict as model
-    from sweeps.specfile import load_spec
+    from sweeps.predict import steps as model
+    from sweeps.spec.files import load_spec
 
     parsed = load_spec(spec)
     root, label = results or parsed.results, cluster or parsed.cluster

@@ -24,7 +24,7 @@ def submit(
     """Submit a sweep to a Ray cluster as a Ray Job (validated here first; nothing submitted on error). A spec
     naming your own workload ships --workdir (default: the current directory) with the job."""
     from service import jobs
-    from sweeps.specfile import load_spec_text
+    from sweeps.spec.files import load_spec_text
 
     parsed, text = load_spec_text(spec)  # the text submitted is the text validated (env:NAME included)
     if workdir is None and jobs.needs_code(parsed):

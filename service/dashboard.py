@@ -23,7 +23,7 @@ from results import history as history_mod
 from results.cache import ANALYSIS_MAX_ROWS, CachedStore
 from service.clusterstate import ClusterState
 from service.svg import Point, Series, line_chart
-from sweeps import machine
+from sweeps.driver import machine
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em 2em;color:#222;max-width:1280px}
 table{border-collapse:collapse;font-size:13px;margin:.6em 0}

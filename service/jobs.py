@@ -14,9 +14,9 @@ from urllib.parse import urlparse
 
 from results.store import Store, require_label
 from service.workdir import check_workdir
-from sweeps.options import PLANTED_ENVS
-from sweeps.spec import SpecError, SweepSpec, new_sweep_id
-from sweeps.specfile import parse_spec
+from sweeps.spec.files import parse_spec
+from sweeps.spec.sweep import SpecError, SweepSpec, new_sweep_id
+from sweeps.trial.options import PLANTED_ENVS
 from trainers.errors import ALLOW_WORKLOAD_ENV, ConfigError, DDPSweepError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from service import jobs
 from service.errors import ApiError
-from sweeps import envvars
+from sweeps.spec import envvars
 
 if TYPE_CHECKING:
     from service.api import ServiceSettings
@@ -35,7 +35,7 @@ def check_workload_allowed(workload: str | None, prefixes: tuple[str, ...]) -> N
 
 
 def check_env_allowed(spec, allowed: tuple[str, ...]) -> None:
-    """Over HTTP a spec sets tuning variables only (sweeps.envvars): NCCL also reads variables that load a
+    """Over HTTP a spec sets tuning variables only (sweeps.spec.envvars): NCCL also reads variables that load a
     library or write a file at a path they name."""
     refused = envvars.refused_over_http(spec.env, spec.env_grid, allowed)
     if refused:

@@ -2,7 +2,7 @@
 
     python tests/gloo_pair.py RANK NODE_IP STORE_ADDR bind|nobind
 
-`bind`: gloo bound to the interface holding NODE_IP (sweeps.bind), as every rank of a sweep is; `nobind`: gloo's
+`bind`: gloo bound to the interface holding NODE_IP (sweeps.worker.bind), as every rank of a sweep is; `nobind`: gloo's
 own choice (the hostname's address). Prints the all-reduced sum over a group of the default one and a second
 gloo group (the gradient check's kind), or the error."""
 
@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from sweeps.bind import bind_gloo  # noqa: E402
+from sweeps.worker.bind import bind_gloo  # noqa: E402
 
 TIMEOUT_S = {"bind": 20, "nobind": 4}  # nobind is expected to fail: it need not wait long to
 

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from results import recommend
-from sweeps.grid import expand
-from sweeps.specfile import parse_spec
-from sweeps.specrules import cells_planned
+from sweeps.plan.grid import expand
+from sweeps.spec.files import parse_spec
+from sweeps.spec.rules import cells_planned
 from tests.dist_helpers import run_world
 from tests.test_identity import base
 from tests.test_trainer_dist import BASE, CPU

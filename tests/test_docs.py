@@ -18,7 +18,7 @@ import docgen  # noqa: E402
 
 
 def test_every_spec_key_is_documented():
-    from sweeps.spec import SweepSpec
+    from sweeps.spec.sweep import SweepSpec
 
     docs = docgen.spec_docs()
     keys = {f.name for f in SweepSpec.__dataclass_fields__.values()}
@@ -152,7 +152,7 @@ def test_html_in_a_docstring_is_shown_as_text_on_the_reference_pages(monkeypatch
 
 
 def test_reduce_overhead_on_cpu_is_warned_about():
-    from sweeps.specfile import parse_spec
+    from sweeps.spec.files import parse_spec
 
     cpu = parse_spec("name: x\ncompile: [true]\ncompile_mode: reduce-overhead\nuse_gpu: false\n")
     assert any("CUDA graphs, which do nothing on CPU" in w for w in cpu.warnings())

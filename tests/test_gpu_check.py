@@ -116,7 +116,7 @@ def test_the_summary_sets_world_size_1_cells_beside_the_profile(tmp_path):
 
     from results.schema import COLUMNS
     from results.store import Store
-    from sweeps.specfile import parse_spec
+    from sweeps.spec.files import parse_spec
     from tests.test_identity import base
     from trainers import workload
 
@@ -130,7 +130,7 @@ def test_the_summary_sets_world_size_1_cells_beside_the_profile(tmp_path):
     assert out.exit_code == 0, out.output
     predicted = {c["cell_id"]: c["predicted_ms"] for c in json.loads(out.output)}
     store = Store.open(root)
-    from sweeps.grid import expand
+    from sweeps.plan.grid import expand
 
     for cell in (c for c in expand(parse_spec(spec_path.read_text())) if c.step.mode == "ddp"):
         knobs = asdict(cell.step) | {"world_size": 1, "num_nodes": 1, "backend": "gloo", "env_grid": "{}"}

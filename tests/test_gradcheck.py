@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from results import analysis, racing, recommend
-from sweeps.summary import summary_text
+from sweeps.driver.summary import summary_text
 from tests.dist_helpers import run_world
 from tests.test_identity import base
 from tests.test_racing import planner_for, round_rows, spec

@@ -13,9 +13,9 @@ from results.formats import to_csv
 from results.query import query
 from results.store import Store, load
 from service.cli import app
-from sweeps.plan import plan_sweep
-from sweeps.spec import SpecError
-from sweeps.specfile import load_spec, parse_spec
+from sweeps.plan.planner import plan_sweep
+from sweeps.spec.files import load_spec, parse_spec
+from sweeps.spec.sweep import SpecError
 from tests.seed_rows import seed_rows
 
 
@@ -77,7 +77,7 @@ def test_a_closed_stdout_silences_progress_but_never_stops_the_sweep():
     import io
 
     from service.progress import SweepProgress
-    from sweeps.summary import progress_line
+    from sweeps.driver.summary import progress_line
 
     calls = []
 
@@ -98,7 +98,7 @@ def test_progress_on_a_terminal_counts_errors_and_prints_every_line():
     import io
 
     from service.progress import LogProgress, SweepProgress
-    from sweeps.summary import progress_line
+    from sweeps.driver.summary import progress_line
 
     out = io.StringIO()
     ok, bad = seed_rows()[1] | {"round": 0}, seed_rows()[2] | {"round": 0, "status": "error", "error": "boom"}

@@ -81,9 +81,9 @@ def test_strict_spread_on_one_node_is_refused_by_the_preflight(tmp_path):
 
 
 def test_strict_pack_across_nodes_is_refused():
-    from sweeps.grid import expand
-    from sweeps.preflight import placement_problem
-    from sweeps.specfile import parse_spec
+    from sweeps.plan.grid import expand
+    from sweeps.plan.preflight import placement_problem
+    from sweeps.spec.files import parse_spec
 
     cell = next(c for c in expand(parse_spec("name: s\ntopology: [2x1]\n")) if c.num_nodes == 2)
     assert "STRICT_PACK" in placement_problem(cell, "STRICT_PACK", 2)

@@ -18,8 +18,8 @@ from results.store import Store
 from service.api import ServiceSettings, create_app
 from service.cli import app
 from service.workdir import check_workdir
-from sweeps.spec import SpecError
-from sweeps.specfile import parse_spec
+from sweeps.spec.files import parse_spec
+from sweeps.spec.sweep import SpecError
 from tests.seed_rows import seed_rows
 from trainers.errors import ConfigError
 
@@ -57,7 +57,7 @@ def test_a_secret_in_an_env_value_is_refused_over_http_before_submission():
 
 
 def test_the_row_records_the_value_the_spec_gave(monkeypatch):
-    from sweeps import fingerprint
+    from sweeps.worker import fingerprint
 
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "what-ray-expanded")
     monkeypatch.setenv("NCCL_IB_HCA", "the-clusters-own")
@@ -248,8 +248,8 @@ def test_a_hung_cluster_stalls_no_request(tmp_path, live_server):
 
 
 def test_the_measurement_cap_counts_the_cells_the_grid_expands_to():
-    from sweeps.grid import expand
-    from sweeps.specrules import cells_planned
+    from sweeps.plan.grid import expand
+    from sweeps.spec.rules import cells_planned
 
     hooks = "comm_hook: [none, fp16, powersgd]\npowersgd_rank: [1, 2, 3, 4, 5, 6, 8, 12, 16, 24]\n"
     spec = parse_spec(f"name: x\nworkers: [2]\ngas: [1, 4]\nno_sync: [false, true]\nrepeats: 100\n{hooks}")
@@ -403,7 +403,7 @@ def test_a_typeerror_inside_a_factory_is_not_blamed_on_its_arguments(tmp_path, m
 def test_a_list_longer_than_any_axis_is_refused_while_parsing():
     import yaml
 
-    from sweeps.specfile import StrictLoader, _check_shape
+    from sweeps.spec.files import StrictLoader, _check_shape
 
     with pytest.raises(SpecError) as e:
         _check_shape(yaml.compose("bucket_cap_mb: [" + "1, " * 1500 + "1]\n", Loader=StrictLoader))
@@ -436,7 +436,7 @@ def test_settings_without_effect_are_named_and_contradictions_refused(tmp_path):
 def test_a_resume_with_a_spec_that_measures_differently_names_the_field(tmp_path):
     from dataclasses import asdict
 
-    from sweeps.plan import plan_sweep
+    from sweeps.plan.planner import plan_sweep
 
     first = parse_spec("name: r\nworkers: [2]\nrepeats: 2\n")
     plan = plan_sweep(first, results=str(tmp_path), sweep_id="r-1")
@@ -463,8 +463,8 @@ def test_unclear_errors_say_what_to_do(tmp_path):
 
 
 def test_preflight_names_the_spec_field_and_values_at_fault():
-    from sweeps import preflight
-    from sweeps.grid import expand
+    from sweeps.plan import preflight
+    from sweeps.plan.grid import expand
 
     res = preflight.ClusterResources(nodes=[(2.0, 0.0)])
     with pytest.raises(SpecError) as e:
@@ -481,7 +481,7 @@ def test_preflight_names_the_spec_field_and_values_at_fault():
 def test_a_powersgd_rank_that_compresses_no_gradient_is_refused_at_torchs_own_boundary():
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
 
-    from sweeps.grid import expand
+    from sweeps.plan.grid import expand
     from trainers.config import StepConfig
     from trainers.workload import planned, useful_powersgd_rank
 
@@ -580,7 +580,7 @@ Extension modules: torch._C (total: 1)"""
 
 
 def test_a_dead_workers_signal_and_frames_lead_the_message(monkeypatch):
-    from sweeps import deaths
+    from sweeps.trial import deaths
 
     ray_says = "WorkerGroupError: Training failed\nmetadata=ActorMetadata(node_ip='10.0.0.2',\n pid=4242,\n)\n"
     ray_says += "The actor died unexpectedly"

@@ -22,10 +22,10 @@ from results.errors import LabelError, ResultsError, StoreNotFound, UnknownSelec
 from results.store import Store, load
 from service import jobs
 from service.api import ServiceSettings, create_app
-from sweeps import machine, runner
-from sweeps.plan import plan_sweep
-from sweeps.spec import SpecError
-from sweeps.specfile import load_spec, load_spec_text, parse_spec
+from sweeps.driver import machine, runner
+from sweeps.plan.planner import plan_sweep
+from sweeps.spec.files import load_spec, load_spec_text, parse_spec
+from sweeps.spec.sweep import SpecError
 from trainers.errors import ConfigError, DDPSweepError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -271,7 +271,7 @@ def test_serve_refuses_a_port_out_of_range():
 def test_a_second_sweep_on_the_machine_sees_the_first(tmp_path):
     script = (
         f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from pathlib import Path\n"
-        f"from sweeps import machine\nwith machine.measuring('first', Path({str(tmp_path)!r})):\n"
+        f"from sweeps.driver import machine\nwith machine.measuring('first', Path({str(tmp_path)!r})):\n"
         "    print('in', flush=True); time.sleep(60)\n"
     )
     first = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
@@ -330,7 +330,7 @@ def test_the_embedded_ray_starts_its_own_beside_a_ray_start_cluster():
             assert machine.local_ray_cluster_running()
             # in a child process: a Ray session started in the pytest process upset later in-process sessions
             script = (
-                "import os, ray; from sweeps.session import ray_session\n"
+                "import os, ray; from sweeps.driver.session import ray_session\n"
                 "with ray_session(None, verbose=False): print(int(ray.cluster_resources()['CPU']))"
             )
             env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}

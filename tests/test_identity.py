@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from results import analysis, compare, identity, racing, recommend, scaling
-from sweeps.summary import summary_text
+from sweeps.driver.summary import summary_text
 from tests.seed_rows import row
 from trainers.knobs import GRID_AXES, KNOBS, SWEPT, UNSET, Knob
 
@@ -139,9 +139,9 @@ def test_every_knob_is_a_row_column_and_a_configuration_key():
 def test_every_ddp_axis_of_the_table_is_a_spec_list_crossed_into_cells_of_their_own(knob):
     """From the table alone: the spec takes the knob as a list, the grid crosses it, the cell id tells the values
     apart (the default's id unchanged by the knob's existence), and the row carries it."""
-    from sweeps.grid import expand
-    from sweeps.rows import RowContext, build_row
-    from sweeps.spec import spec_from_dict
+    from sweeps.plan.grid import expand
+    from sweeps.spec.sweep import spec_from_dict
+    from sweeps.trial.rows import RowContext, build_row
 
     value = other(knob, knob.default)
     if knob.kind == "float" and knob.hi is not None:
@@ -156,7 +156,7 @@ def test_every_ddp_axis_of_the_table_is_a_spec_list_crossed_into_cells_of_their_
     assert ddp[0].cell_id != ddp[1].cell_id
     from datetime import UTC, datetime
 
-    from sweeps.grid import Slot
+    from sweeps.plan.grid import Slot
 
     ctx = RowContext(
         sweep_id="s",
@@ -187,7 +187,8 @@ def _predicted_pair(knob: Knob) -> pd.DataFrame:
 
 @pytest.mark.parametrize("knob", [k for k in KNOBS if k.name not in (SWEPT, "mode")], ids=lambda k: k.name)
 def test_search_model_keeps_two_configurations_on_curves_of_their_own(knob):
-    from sweeps import modelsearch, predict
+    from sweeps.predict import modelsearch
+    from sweeps.predict import steps as predict
 
     table = predict.mark_best(_predicted_pair(knob))
     assert table["predicted_best"].tolist() == [True, True]  # each is the best of its own curve

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from sweeps import machine
+from sweeps.driver import machine
 from tests.test_cli_sweep import SMOKE, ddpsweep
 
 

@@ -17,9 +17,9 @@ FORBIDDEN = {
     "sweeps": {"service"},
     "service": {"trainers"},  # through sweeps and results; of trainers only its torch-free leaves (below)
 }
-TORCH_FREE = {"trainers.errors", "trainers.knobs", "trainers.measurement", "trainers.presets"}
-"""The modules of trainers that load neither torch nor Ray nor anything of the project: results and the service
-may import them (the knob table is the one declaration of a configuration)."""
+TORCH_FREE = {"trainers.config", "trainers.errors", "trainers.knobs", "trainers.measurement", "trainers.presets"}
+"""The modules of trainers that load neither torch nor Ray, and of the project only each other: results and the
+service may import them (the knob table is the one declaration of a configuration)."""
 ALLOWED_MODULES = {"service": TORCH_FREE, "results": TORCH_FREE}
 
 
@@ -54,16 +54,52 @@ def test_the_guard_can_fail(tmp_path):
 
 
 def test_the_allowed_modules_are_leaves():
-    """What results and service may import of trainers imports nothing of the project, nor torch or ray."""
+    """What results and service may import of trainers imports nothing of the project but each other, nor torch
+    or ray."""
     for module in TORCH_FREE:
         path = ROOT / (module.replace(".", "/") + ".py")
-        assert imported_roots(path) & {"trainers", "results", "sweeps", "service", "torch", "ray"} == set(), module
+        assert imported_roots(path, TORCH_FREE) & {"trainers", "results", "sweeps", "service", "torch", "ray"} == set()
+
+
+def module_level_imports(path: Path) -> set[str]:
+    """The modules a file imports when it is imported (its top-level statements; not those inside functions)."""
+    out = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            out |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+    return out
+
+
+SWEEPS_FOLDERS = {  # what each folder of sweeps may load when imported, beyond the project's own torch-free modules
+    "worker": {"torch", "ray", "trainers"},  # the only folder whose modules load torch: they run on the ranks
+    "fit": {"ray"},
+    "trial": {"ray"},
+    "driver": {"ray"},
+    "predict": {"ray"},
+    "plan": set(),  # the service's dry run and POST /sweeps plan a sweep without Ray
+    "spec": set(),
+}
+
+
+@pytest.mark.parametrize("folder", sorted(SWEEPS_FOLDERS))
+def test_each_folder_of_sweeps_loads_only_what_its_process_has(folder):
+    allowed = SWEEPS_FOLDERS[folder]
+    breaches = {}
+    for path in (ROOT / "sweeps" / folder).rglob("*.py"):
+        loaded = {m for m in module_level_imports(path) if m not in TORCH_FREE}
+        bad = {m for m in loaded if m.split(".")[0] in {"torch", "ray", "trainers"} - allowed}
+        if bad:
+            breaches[path.name] = sorted(bad)
+    assert breaches == {}
+    assert {p.name for p in (ROOT / "sweeps").iterdir() if p.suffix == ".py"} == {"__init__.py"}  # no loose module
 
 
 def test_results_the_http_api_and_the_spec_load_neither_torch_nor_ray():
     """Imported in a fresh interpreter: what they load, whatever path it takes (lazy names, re-exports)."""
     code = (
-        "import sys, results, results.store, results.recommend, results.report, service.api, sweeps.specfile\n"
+        "import sys, results, results.store, results.recommend, results.report, service.api, sweeps.spec.files\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'ray'}))"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -88,10 +124,10 @@ def package_imports(tree: ast.AST, package: str) -> set[str]:
             continue
         if not isinstance(node, ast.ImportFrom) or not node.module or node.level:
             continue
-        if node.module.startswith(f"{package}."):
-            out.add(node.module)
-        elif node.module == package:
-            out |= {f"{package}.{alias.name}" for alias in node.names if (ROOT / package / f"{alias.name}.py").exists()}
+        if node.module == package or node.module.startswith(f"{package}."):
+            folder = ROOT / node.module.replace(".", "/")
+            modules = {f"{node.module}.{a.name}" for a in node.names if (folder / f"{a.name}.py").exists()}
+            out |= modules or ({node.module} if node.module != package else set())
     return out
 
 
@@ -103,12 +139,12 @@ def test_the_cycle_guard_sees_package_imports(tmp_path):
 
 
 def test_no_import_cycles_inside_a_package():
-    """sweeps.fit and sweeps.trial imported each other (TrialOptions one way, fit_group the other, lazily):
+    """sweeps.fit.task and sweeps.trial.actor imported each other (TrialOptions one way, fit_group the other, lazily):
     every import inside a package, lazy ones included, points one way."""
     graph: dict[str, set[str]] = {}
     for package in FORBIDDEN:
         for path in (ROOT / package).rglob("*.py"):
-            name = f"{package}.{path.stem}"
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
             graph[name] = package_imports(ast.parse(path.read_text()), package)
 
     def reaches(start: str, goal: str, seen: set[str]) -> bool:

@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from sweeps import fingerprint
+from sweeps.worker import fingerprint
 from trainers.config import StepConfig
 from trainers.replica import build_model
 from trainers.step import run_cell
@@ -32,19 +32,19 @@ def test_a_done_message_unpickles_without_torch():
 
 def test_the_fit_task_and_the_controller_load_no_torch():
     """What the fit task imports and what Ray Train's controller unpickles (the trainer's backend config, its
-    callbacks, the per-worker function) name no torch: only the ranks import it (`sweeps.backend`). Both
+    callbacks, the per-worker function) name no torch: only the ranks import it (`sweeps.fit.backend`). Both
     processes loaded it with `ray.train.torch.TorchConfig` (2-4 s of a core each, one after the other, on
     every group's start); the ranks still get Ray's torch process group, which the Ray tiers measure on."""
     from ray import cloudpickle
 
-    from sweeps.backend import TorchBackendConfig
-    from sweeps.fit import train_fn_per_worker
+    from sweeps.fit.backend import TorchBackendConfig
+    from sweeps.fit.task import train_fn_per_worker
 
     config = TorchBackendConfig(backend="gloo", timeout_s=60)
     parts = [config, config.backend_cls, config.train_func_context, train_fn_per_worker]
     shipped = cloudpickle.dumps(parts)
     check = (
-        "import pickle, sys; import sweeps.fit; parts = pickle.loads(sys.stdin.buffer.read()); "
+        "import pickle, sys; import sweeps.fit.task; parts = pickle.loads(sys.stdin.buffer.read()); "
         "backend = parts[1](); "
         "print('torch' in sys.modules, parts[0].to_dict()['timeout_s'], backend.share_cuda_visible_devices)"
     )

@@ -9,10 +9,10 @@ from typer.testing import CliRunner
 
 from results.store import Store
 from service.cli import app
-from sweeps import modelsearch
-from sweeps.grid import expand
-from sweeps.spec import SpecError
-from sweeps.specfile import parse_spec
+from sweeps.plan.grid import expand
+from sweeps.predict import modelsearch
+from sweeps.spec.files import parse_spec
+from sweeps.spec.sweep import SpecError
 from tests.test_predict import SPEC, calibrate, measured
 
 MODEL_SPEC = SPEC.replace("bucket_cap_mb: [0.05, 0.25, 25]", "bucket_cap_mb: [0.01, 0.05, 0.25, 25]")
@@ -20,7 +20,7 @@ MODEL_SPEC += "search: model\nrepeats: 3\n"
 
 
 def curve(steps: list[float], buckets: list[float] | None = None) -> pd.DataFrame:
-    """A predictions table of one DDP curve (what sweeps.predict.predictions gives)."""
+    """A predictions table of one DDP curve (what sweeps.predict.steps.predictions gives)."""
     buckets = buckets or [0.25, 1.0, 25.0, 100.0][: len(steps)]
     return pd.DataFrame(
         {"cell_id": [f"c{i}" for i in range(len(steps))], "mode": "ddp", "topology": "1x2", "gas": 1}

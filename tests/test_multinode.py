@@ -10,10 +10,10 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from sweeps.plan import plan_sweep
-from sweeps.runner import execute
-from sweeps.spec import SpecError
-from sweeps.specfile import parse_spec
+from sweeps.driver.runner import execute
+from sweeps.plan.planner import plan_sweep
+from sweeps.spec.files import parse_spec
+from sweeps.spec.sweep import SpecError
 from tests.test_two_nodes import why_no_namespaces
 
 pytestmark = pytest.mark.ray

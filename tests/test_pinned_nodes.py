@@ -7,9 +7,9 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from sweeps.plan import plan_sweep
-from sweeps.runner import execute
-from sweeps.specfile import parse_spec
+from sweeps.driver.runner import execute
+from sweeps.plan.planner import plan_sweep
+from sweeps.spec.files import parse_spec
 
 TOPOLOGY_SPEC = """
 name: pinned
@@ -45,8 +45,8 @@ def test_k_ranks_land_on_each_of_n_nodes_that_have_more_slots_than_k(tmp_path):
 
 
 def test_node_selectors_pin_k_ranks_to_each_of_the_first_n_nodes_that_fit():
-    from sweeps.grid import expand
-    from sweeps.options import NODE_ID_LABEL, node_selectors, pinned
+    from sweeps.plan.grid import expand
+    from sweeps.trial.options import NODE_ID_LABEL, node_selectors, pinned
 
     (cell,) = [c for c in expand(parse_spec(TOPOLOGY_SPEC)) if c.step.mode == "ddp"]
     assert pinned(cell, "auto") and not pinned(cell, "STRICT_SPREAD")

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import os
 
-from sweeps.fingerprint import network
-from sweeps.grid import expand
-from sweeps.rows import misplaced
-from sweeps.specfile import parse_spec
-from sweeps.worker import placement_info
+from sweeps.plan.grid import expand
+from sweeps.spec.files import parse_spec
+from sweeps.trial.rows import misplaced
+from sweeps.worker.fingerprint import network
+from sweeps.worker.group import placement_info
 
 
 def ddp_cell(topology: str):
@@ -51,7 +51,7 @@ def test_the_network_fingerprint_describes_this_node(monkeypatch):
 
 
 def test_command_output_is_stored_without_terminal_escapes(tmp_path, monkeypatch):
-    from sweeps import fingerprint
+    from sweeps.worker import fingerprint
 
     fake = tmp_path / "nvidia-smi"
     fake.write_text("#!/bin/sh\nprintf '\\033[4mGPU0\\tCPU Affinity\\033[0m\\nGPU0\\t X \\t0-15\\n'\n")

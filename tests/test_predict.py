@@ -82,8 +82,8 @@ def measured(root: str, slowdown: float = 1.5, sweep: str = "m-1") -> tuple:
     import torch
 
     from results.schema import COLUMNS
-    from sweeps import predict
-    from sweeps.specfile import parse_spec
+    from sweeps.predict import steps as predict
+    from sweeps.spec.files import parse_spec
     from tests.test_identity import base
 
     calibrate(root)

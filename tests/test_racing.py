@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from results.racing import Rule, eliminated, resolved
-from sweeps.grid import expand, plan_groups
-from sweeps.rounds import RoundPlanner
-from sweeps.spec import SpecError, SweepSpec
+from sweeps.plan.grid import expand, plan_groups
+from sweeps.spec.sweep import SpecError, SweepSpec
+from sweeps.trial.rounds import RoundPlanner
 
 
 def round_rows(rng, slow: dict[str, float], rounds: range, round_cv: float, step_cv: float = 0.02) -> list[dict]:
@@ -104,7 +104,7 @@ def spec(**kw) -> SweepSpec:
 
 
 def planner_for(s: SweepSpec) -> RoundPlanner:
-    from sweeps.plan import SweepPlan
+    from sweeps.plan.planner import SweepPlan
 
     cells = [c for c in expand(s) if c.step.mode == "ddp"]
     plan = SweepPlan(s, "s", "c", None, cells, [(c, r) for c in cells for r in range(s.rounds)])
@@ -172,8 +172,8 @@ def test_auto_plans_max_rounds_and_looks_on_a_geometric_schedule():
 
 
 def test_each_cell_gets_the_first_ranks_of_each_node_of_the_host_group():
-    from sweeps.grid import host_cell
-    from sweeps.ranks import Unplaceable, ranks_for
+    from sweeps.plan.grid import host_cell
+    from sweeps.worker.ranks import Unplaceable, ranks_for
 
     s = SweepSpec(name="t", topology=["1x1", "1x2", "2x1", "2x2"], bucket_cap_mb=[25], use_gpu=False, backend="gloo")
     cells = {c.topology if c.step.mode == "ddp" else "single": c for c in expand(s)}
@@ -208,7 +208,7 @@ def test_a_resumed_race_looks_at_every_round_it_has():
         for row in round_rows(rng, {c.cell_id: 0.3 if c.cell_id == slow else 0.0}, range(3), 0.01)
     ]
     (group,) = plan_groups([(c, r) for c in cells for r in range(3, 6)], sweep_id="s")
-    from sweeps.plan import SweepPlan
+    from sweeps.plan.planner import SweepPlan
 
     rule = SweepPlan(s, "s", "c", None, cells, []).rule()
     p = RoundPlanner(replace(group, prior=tuple(prior)), rule)

@@ -139,7 +139,7 @@ def test_recommend_over_the_cli_and_http_agree(seed_store):
 
 
 def test_progress_lines_show_samples_where_a_workload_gives_no_tokens():
-    from sweeps.summary import progress_line
+    from sweeps.driver.summary import progress_line
 
     row = seed_rows()[1] | {"tokens_per_s": None, "samples_per_s": 523.4, "round": 0}
     assert "523.4 samples/s  ok" in progress_line(row, 1, 2)

@@ -141,8 +141,8 @@ def test_a_row_measured_again_after_compaction_replaces_the_compacted_one(two_sw
 
 
 def test_resume_after_compaction_measures_only_the_missing_pairs(tmp_path):
-    from sweeps.plan import plan_sweep
-    from sweeps.specfile import parse_spec
+    from sweeps.plan.planner import plan_sweep
+    from sweeps.spec.files import parse_spec
 
     spec = parse_spec("name: r\nbucket_cap_mb: [1, 5]\nrepeats: 2\nuse_gpu: false\n")
     first = plan_sweep(spec, results=str(tmp_path), sweep_id="r-1")

@@ -163,7 +163,7 @@ def test_the_smallest_resolvable_difference_shrinks_with_rounds_and_says_what_2_
 
 
 def test_the_summary_names_what_each_curve_can_resolve_and_keeps_a_drifted_round():
-    from sweeps.summary import summary_text
+    from sweeps.driver.summary import summary_text
 
     rows = rounds_with_control([100.0, 131.0, 99.5, 100.5])
     rows["step_times_ms"] = [list(150.0 + b + np.arange(5.0)) for b in rows["bucket_cap_mb"]]

@@ -184,8 +184,8 @@ def test_sql_sandbox_and_errors_have_one_shape(api, tmp_path):
 
 def test_remote_submission_with_a_local_results_path_is_refused():
     from service import jobs
-    from sweeps.spec import SpecError
-    from sweeps.specfile import parse_spec
+    from sweeps.spec.files import parse_spec
+    from sweeps.spec.sweep import SpecError
 
     with pytest.raises(SpecError) as err:
         jobs.submit(MINI, parse_spec(MINI), address="http://10.1.2.3:8265", results="./local-results")
@@ -200,7 +200,7 @@ def test_serve_refuses_a_public_host_without_a_token(monkeypatch):
 
 def test_the_address_comes_from_ray_s_own_variables(monkeypatch):
     from service.jobs import resolve_address
-    from sweeps.spec import SpecError
+    from sweeps.spec.sweep import SpecError
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv("RAY_API_SERVER_ADDRESS", raising=False)

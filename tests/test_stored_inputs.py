@@ -122,10 +122,10 @@ def test_a_profile_of_another_model_is_not_used_beside_the_rows(tmp_path):
 
 
 def test_a_stored_profile_of_another_model_is_measured_again(tmp_path, caplog):
-    from sweeps import predict
-    from sweeps.grid import expand
-    from sweeps.profiling import Device
-    from sweeps.specfile import parse_spec
+    from sweeps.plan.grid import expand
+    from sweeps.predict import steps as predict
+    from sweeps.predict.profiling import Device
+    from sweeps.spec.files import parse_spec
 
     spec = parse_spec("name: p\ncluster: lab\nworkers: [2]\nmicro_batch: 2\nseq_len: 16\nbucket_cap_mb: [25]\n")
     cells = expand(spec)

@@ -116,7 +116,7 @@ def test_rows_without_per_rank_figures_give_no_line():
 def test_the_summary_recommend_and_the_sql_view_name_the_straggler(straggler_store):
     from results.query import query
     from results.store import load
-    from sweeps.summary import summary_text
+    from sweeps.driver.summary import summary_text
 
     rows = load(straggler_store)
     recs = recommend(rows)
@@ -162,8 +162,8 @@ def test_single_cells_carry_no_rank_figures(tmp_path):
     ],
 )
 def test_the_straggler_plant_reads_cell_rank_and_fraction(monkeypatch, value, cell, expected):
-    from sweeps.options import SLOWDOWN_ENV
-    from sweeps.worker import injected, injected_straggler
+    from sweeps.trial.options import SLOWDOWN_ENV
+    from sweeps.worker.group import injected, injected_straggler
 
     monkeypatch.setenv(SLOWDOWN_ENV, value)
     assert injected_straggler(cell) == expected

@@ -14,9 +14,9 @@ import pytest
 
 from results.lease import lease
 from results.store import Store
-from sweeps.plan import CLAIM, claimed, plan_sweep
-from sweeps.spec import SpecError
-from sweeps.specfile import parse_spec
+from sweeps.plan.planner import CLAIM, claimed, plan_sweep
+from sweeps.spec.files import parse_spec
+from sweeps.spec.sweep import SpecError
 from tests.test_cli_sweep import ddpsweep
 
 SPEC = """name: claim

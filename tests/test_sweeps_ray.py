@@ -12,12 +12,12 @@ from ray.util.placement_group import placement_group, placement_group_table, rem
 
 from results.query import query
 from results.store import Store, load
-from sweeps import leftover
-from sweeps.grid import expand
-from sweeps.plan import plan_sweep
-from sweeps.runner import execute
-from sweeps.specfile import parse_spec
-from sweeps.worker import FAULT_FILE_ENV
+from sweeps.driver.runner import execute
+from sweeps.plan.grid import expand
+from sweeps.plan.planner import plan_sweep
+from sweeps.spec.files import parse_spec
+from sweeps.trial import leftover
+from sweeps.worker.group import FAULT_FILE_ENV
 
 pytestmark = pytest.mark.ray
 
@@ -83,7 +83,7 @@ def test_group_measures_every_pair_in_rounds_and_one_rank_failing_mid_backward_i
     from ray.util.state import list_actors
 
     started = {a.class_name for a in list_actors(address=ray.get_runtime_context().gcs_address, limit=10_000)}
-    assert "TrainController" in started and "PreemptionWatcher" not in started  # sweeps.fit.TRAIN_ENV turns it off
+    assert "TrainController" in started and "PreemptionWatcher" not in started  # sweeps.fit.task.TRAIN_ENV turns it off
     assert sorted((r["cell_id"], r["repeat"]) for r in first.rows) == sorted(
         (c.cell_id, r) for c in (baseline, good, bad) for r in (0, 1)
     )
@@ -202,7 +202,7 @@ def test_hooks_and_an_env_grid_run_on_ray_one_group_per_environment(fault_file, 
     """With a planted corruption (DDPSWEEP_CORRUPT) on one exact cell: its replicas stay in sync, its gradient
     check fails, and recommend leaves it out and says why."""
     from results.recommend import recommend
-    from sweeps.options import CORRUPT_ENV
+    from sweeps.trial.options import CORRUPT_ENV
 
     fault_file.write_text("")
     text = spec_text(buckets="[0.25]").replace("warmup_steps: 1", "warmup_steps: 2")
@@ -231,8 +231,8 @@ def test_hooks_and_an_env_grid_run_on_ray_one_group_per_environment(fault_file, 
 
 
 def test_a_race_drops_planted_slow_cells_and_auto_rounds_stop_once_resolved(fault_file, tmp_path, monkeypatch):
-    from sweeps.options import SLOWDOWN_ENV
-    from sweeps.summary import summary_text
+    from sweeps.driver.summary import summary_text
+    from sweeps.trial.options import SLOWDOWN_ENV
 
     fault_file.write_text("")
     decide = "search: race\nmin_rounds: 3\nmax_rounds: 6\n"
@@ -264,7 +264,7 @@ def test_one_worker_group_measures_every_placement_on_its_own_ranks(fault_file, 
     """Each cell on its own ranks of one group; with a straggler planted on rank 1 (DDPSWEEP_SLOWDOWN=*@1=1), the
     2-rank cell's row names that rank's host, local rank and device, and the summary names it."""
     from results.stragglers import summary_lines
-    from sweeps.options import SLOWDOWN_ENV
+    from sweeps.trial.options import SLOWDOWN_ENV
 
     fault_file.write_text("")
     monkeypatch.setenv(SLOWDOWN_ENV, "*@1=1")
@@ -373,7 +373,7 @@ def test_a_workers_stderr_is_asked_of_this_sessions_cluster(fault_file, monkeypa
     worker's explanation was lost."""
     import ray.util.state
 
-    from sweeps import deaths
+    from sweeps.trial import deaths
 
     asked = []
     monkeypatch.setattr(ray.util.state, "get_log", lambda **kw: asked.append(kw) or iter(["a line\n"]))

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from results.errors import LabelError
-from sweeps.grid import expand
-from sweeps.preflight import ClusterResources, cell_problem, check
-from sweeps.spec import SpecError
-from sweeps.specfile import load_spec, parse_spec
-from sweeps.summary import cells_table
+from sweeps.driver.summary import cells_table
+from sweeps.plan.grid import expand
+from sweeps.plan.preflight import ClusterResources, cell_problem, check
+from sweeps.spec.files import load_spec, parse_spec
+from sweeps.spec.sweep import SpecError
 from trainers import workload
 from trainers.config import StepConfig
 
@@ -154,7 +154,7 @@ def test_preflight_names_what_is_missing():
 
 def test_resume_refuses_an_unknown_sweep_and_a_changed_grid(tmp_path):
     from results.store import Store
-    from sweeps.plan import plan_sweep
+    from sweeps.plan.planner import plan_sweep
 
     spec = parse_spec("name: r\nbucket_cap_mb: [1, 25]")
     with pytest.raises(SpecError) as err:
@@ -171,7 +171,7 @@ def test_resume_refuses_an_unknown_sweep_and_a_changed_grid(tmp_path):
 
 
 def test_groups_follow_the_worker_group_shape_in_interleaved_rounds():
-    from sweeps.grid import plan_groups
+    from sweeps.plan.grid import plan_groups
 
     spec = parse_spec("name: g\nworkers: [2]\nbucket_cap_mb: [1, 5, 25]\ngas: [1, 2]\nno_sync: [true]\nrepeats: 5")
     cells = expand(spec)
@@ -239,8 +239,8 @@ def test_a_baseline_row_keeps_its_configuration_from_spec_to_parquet(tmp_path):
     from datetime import UTC, datetime
 
     from results.store import Store, load
-    from sweeps.grid import plan_groups
-    from sweeps.rows import RowContext, build_row
+    from sweeps.plan.grid import plan_groups
+    from sweeps.trial.rows import RowContext, build_row
 
     cells = expand(parse_spec("name: b\nbucket_cap_mb: [25]"))
     single, ddp = plan_groups([(c, 0) for c in cells], sweep_id="b-1")
@@ -422,8 +422,8 @@ def test_bad_knob_values_name_their_field(text, field):
 
 
 def test_bf16_on_a_machine_without_gpus_is_refused_before_ray_with_the_field():
-    from sweeps import runner
-    from sweeps.plan import plan_sweep
+    from sweeps.driver import runner
+    from sweeps.plan.planner import plan_sweep
 
     plan = plan_sweep(parse_spec("name: b\ncomm_hook: [bf16]\n"), results="/tmp/unused-ddpsweep")
     with pytest.raises(SpecError) as e:
@@ -461,7 +461,7 @@ def test_yaml_keys_that_are_not_names_and_huge_numbers_are_one_line_naming_the_f
 def test_a_resume_compares_values_not_their_spelling(tmp_path):
     from dataclasses import asdict
 
-    from sweeps.plan import plan_sweep
+    from sweeps.plan.planner import plan_sweep
 
     first = parse_spec("name: r\nworkers: [2]\nbucket_cap_mb: [0.05, 0.25, 1, 25]\n")
     plan = plan_sweep(first, results=str(tmp_path), sweep_id="r1")

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from results import analysis
-from sweeps.grid import expand
-from sweeps.spec import SpecError, SweepSpec
+from sweeps.plan.grid import expand
+from sweeps.spec.sweep import SpecError, SweepSpec
 from tests.dist_helpers import run_world
 from tests.seed_rows import row
 from trainers.config import StepConfig
@@ -140,7 +140,7 @@ MIXED += [curve_row("ddp", 110.0, hook="fp16", bucket=25.0), curve_row("ddp", 10
 
 
 def test_the_summary_gives_each_timing_and_hook_its_own_curve():
-    from sweeps.summary import summary_text
+    from sweeps.driver.summary import summary_text
 
     lines = [x for x in summary_text(pd.DataFrame(MIXED)).splitlines() if x.startswith("ddp ")]
     named = {x.split(":")[0]: x for x in lines}
@@ -171,7 +171,7 @@ KNOB_SETS = ("comm_hook=fp16 timing=loop", "comm_hook=fp16", "timing=loop")
 
 
 def test_the_dry_run_table_names_the_knobs_a_cell_sets():
-    from sweeps.summary import cells_table
+    from sweeps.driver.summary import cells_table
 
     plain = cells_table(expand(spec())).splitlines()
     timed = cells_table(expand(spec(timing=["sync", "loop"], comm_hook=["none", "fp16"]))).splitlines()

@@ -6,7 +6,7 @@ API answers with (datasette's style): the edge reads it, it never tests classes 
 
 DDPSweepError                    500  base of every error ddpsweep raises on purpose
 ├── ConfigError                  422  a configuration value is invalid (names the field and what is allowed)
-│   └── sweeps.spec.SpecError    422  a sweep spec field or command-line option is invalid
+│   └── sweeps.spec.sweep.SpecError    422  a sweep spec field or command-line option is invalid
 ├── trainers.collectives.CalibrationError   500  an all-reduce returned a wrong sum
 ├── StepError                    500  a cell's step cannot be measured as set (kept recompiling, ran no collective)
 ├── ClusterUnreachable           503  the Ray cluster at an address could not be joined (refused, auth, version)

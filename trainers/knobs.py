@@ -4,7 +4,7 @@ One field per setting that can make two measurements different configurations: i
 choice), its default, its docstring underneath and its `Knob` metadata beside it, read with
 `get_type_hints(include_extras=True)` as torchtitan declares its settings. `StepKnobs` is what every rank runs
 (`trainers.config.StepConfig` subclasses it), `PlacementKnobs` what places the ranks. Everything else is derived
-from `KNOBS`: the spec's axes and settings (`sweeps.spec`), the grid and the cell id (`sweeps.grid`), the row
+from `KNOBS`: the spec's axes and settings (`sweeps.spec.sweep`), the grid and the cell id (`sweeps.plan.grid`), the row
 schema and what older rows read (`results.schema`), and every view's notion of "the same configuration"
 (`results.identity`: the analyses, compare, recommend, racing, scaling, the summary and the dashboard).
 

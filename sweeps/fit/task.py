@@ -1,6 +1,6 @@
-"""Runs in the fit task's process: one TorchTrainer for one group (see sweeps/trial.py for why a task).
+"""Runs in the fit task's process: one TorchTrainer for one group (see sweeps/trial/actor.py for why a task).
 
-The trainer is Ray Train's `DataParallelTrainer` with `sweeps.backend.TorchBackendConfig`, which is what
+The trainer is Ray Train's `DataParallelTrainer` with `sweeps.fit.backend.TorchBackendConfig`, which is what
 `TorchTrainer` is, except that neither this process nor the controller imports torch: only the ranks do."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from ray.util.queue import Queue
 
-from sweeps.backend import TorchBackendConfig
-from sweeps.grid import Group
-from sweeps.options import TrialOptions, node_selectors, pinned, placement_for, worker_resources
-from sweeps.preflight import nodes_fitting
+from sweeps.fit.backend import TorchBackendConfig
+from sweeps.plan.grid import Group
+from sweeps.plan.preflight import nodes_fitting
+from sweeps.trial.options import TrialOptions, node_selectors, pinned, placement_for, worker_resources
 
 # Propagated by Ray Train from its driver (this task) to the controller and workers.
 TRAIN_ENV = {
@@ -29,7 +29,7 @@ TRAIN_ENV = {
 
 def train_fn_per_worker(config: dict) -> None:
     """Runs on every rank; imports the measuring code (torch) there, never in the fit task or the controller."""
-    from sweeps.worker import train_fn_per_worker as measure_group
+    from sweeps.worker.group import train_fn_per_worker as measure_group
 
     measure_group(config)
 
@@ -68,7 +68,8 @@ def build_trainer(group: Group, opts: TrialOptions, outbox: Queue, inbox: Queue 
 
 
 def _selectors(group: Group, opts: TrialOptions) -> list[dict[str, str]] | None:
-    """`n×k` (n, k > 1): each rank pinned to one of n nodes, k on each (sweeps.options.node_selectors); else None."""
+    """`n×k` (n, k > 1): each rank pinned to one of n nodes, k on each (sweeps.trial.options.node_selectors);
+    else None."""
     cell = group.first
     if not pinned(cell, opts.placement):
         return None

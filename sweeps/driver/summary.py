@@ -10,7 +10,7 @@ import pandas as pd
 from results import analysis, identity, racing, stragglers
 from results.knobs import KNOBS, at_default, show
 from results.uncertainty import rel_width
-from sweeps.grid import Cell
+from sweeps.plan.grid import Cell
 
 WIDE_REL = 0.04  # an interval wider than ±2% of its median is listed as noisy
 

@@ -85,16 +85,16 @@ def _set_env_on_worker(addr: str, port: int) -> None:
 
 
 def _init_process_group_on_worker(backend: str, world_rank: int, world_size: int, timeout_s: int) -> None:
-    """Runs on every rank: gloo bound to the node's interface (sweeps.bind), then the default group; on NCCL with
+    """Runs on every rank: gloo bound to the node's interface (sweeps.worker.bind), then the default group; on NCCL with
     the rank's device (`device_id`: the communicator is made at once, on the right GPU), and with the
     communicators of a failed collective aborted, never the process (a failed cell is one error row: its ranks
-    make its groups anew, sweeps.ranks)."""
+    make its groups anew, sweeps.worker.ranks)."""
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
 
-    from sweeps.bind import bind_gloo
+    from sweeps.worker.bind import bind_gloo
 
     bind_gloo(ray.util.get_node_ip_address())
     device_id = None

@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from sweeps.grid import Cell
-from sweeps.options import placement_for
-from sweeps.spec import SpecError
+from sweeps.plan.grid import Cell
+from sweeps.spec.sweep import SpecError
+from sweeps.trial.options import placement_for
 
 # The Tune trial's own bundle: memory only, so it takes no CPU from the workers (a {"cpu": 0.01}
 # bundle makes 2 workers x 1 CPU unschedulable on a 2-CPU node: 2.01 > 2).

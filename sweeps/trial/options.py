@@ -1,15 +1,15 @@
 """What the driver resolves once and every trial and fit needs: the sweep-wide options and the placement
-rule. Its own module so that `sweeps.trial` (which launches the fit) and `sweeps.fit` (which runs it) both
+rule. Its own module so that `sweeps.trial.actor` (which launches the fit) and `sweeps.fit.task` (which runs it) both
 import it and never each other at module level."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sweeps.grid import Cell
+from sweeps.plan.grid import Cell
 
 # Benchmarks only: "<cell_id>=<fraction>,…" in the driver's environment slows those cells' timed steps by that
-# fraction (sweeps.worker.injected_slowdown); specs cannot set it (their env takes NCCL_/GLOO_ names only).
+# fraction (sweeps.worker.group.injected_slowdown); specs cannot set it (their env takes NCCL_/GLOO_ names only).
 SLOWDOWN_ENV = "DDPSWEEP_SLOWDOWN"
 # Benchmarks only: "<cell_id>=<fraction>,…" scales those cells' all-reduced buckets by 1 + fraction on every rank
 # (trainers.hooks.corrupted): a wrong gradient with replicas in sync, which only the gradient check catches.
@@ -36,7 +36,7 @@ class TrialOptions:
     group_start_timeout_s: float
     env: dict
     storage_path: str
-    sole_trial: bool  # max_concurrent_trials == 1: no other trial makes worker groups meanwhile (sweeps.leftover)
+    sole_trial: bool  # max_concurrent_trials == 1: no other trial makes worker groups meanwhile (sweeps.trial.leftover)
     grad_check: str | bool = "first"  # when a distributed cell checks its gradient: first | every; False: never
 
 

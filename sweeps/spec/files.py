@@ -1,5 +1,5 @@
 """Spec files: reading a YAML (or JSON) spec safely and strictly, then validating it into a `SweepSpec`
-(sweeps/spec.py). Duplicate keys, YAML 1.1 number surprises, alias bombs and oversized files are refused with a
+(sweeps/spec/sweep.py). Duplicate keys, YAML 1.1 number surprises, alias bombs and oversized files are refused with a
 `SpecError` naming the field (or the file) and what is allowed.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from sweeps.spec import SpecError, SweepSpec, spec_from_dict
+from sweeps.spec.sweep import SpecError, SweepSpec, spec_from_dict
 
 MAX_SPEC_BYTES = 256 * 1024  # as the HTTP API's body limit
 

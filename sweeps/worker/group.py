@@ -24,10 +24,10 @@ import ray.train.torch
 import torch
 import torch.distributed as dist
 
-from sweeps import fingerprint
-from sweeps.grid import Group, Slot
-from sweeps.options import CORRUPT_ENV, JITTER_ENV, SLOWDOWN_ENV
-from sweeps.ranks import FailureWatch, Layout, agree, announce, report_failure, wait_for
+from sweeps.plan.grid import Group, Slot
+from sweeps.trial.options import CORRUPT_ENV, JITTER_ENV, SLOWDOWN_ENV
+from sweeps.worker import fingerprint
+from sweeps.worker.ranks import FailureWatch, Layout, agree, announce, report_failure, wait_for
 from trainers.collectives import allreduce_sweep, broadcast_time, sizes_up_to
 from trainers.gradcheck import EVERY, FIRST
 from trainers.model import grad_bytes
@@ -102,7 +102,7 @@ def _entries(name: str) -> dict[str, str]:
 
 def injected(name: str, cell_id: str) -> float:
     """This cell's planted fraction from the variable `name` (one of PLANTED_ENVS, passed on by the driver:
-    sweeps.runner.planted); an entry `*=<fraction>` plants it in every cell (a cell's own entry wins)."""
+    sweeps.driver.runner.planted); an entry `*=<fraction>` plants it in every cell (a cell's own entry wins)."""
     entries = _entries(name)
     return float(entries.get(cell_id, entries.get("*", 0.0)))
 

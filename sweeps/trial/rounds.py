@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import pandas as pd
 
 from results import racing
-from sweeps.grid import Group
+from sweeps.plan.grid import Group
 
 Key = tuple[str, int]
 

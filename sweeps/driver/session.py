@@ -6,7 +6,7 @@ that clean:
 - an interrupt that arrives while `ray.init` starts the embedded Ray is held until it is up (interrupted
   half-way, the driver crashed at exit with a segfault and left Ray's agents running);
 - while Ray shuts down, further Ctrl-C are ignored (a second one printed a traceback from Ray's shutdown);
-- after the embedded Ray's shutdown, what is left of its processes is ended (sweeps.machine).
+- after the embedded Ray's shutdown, what is left of its processes is ended (sweeps.driver.machine).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from contextlib import contextmanager
 
 import ray
 
-from sweeps import machine
-from sweeps.speccheck import SpecError
+from sweeps.driver import machine
+from sweeps.spec.fields import SpecError
 from trainers.errors import ClusterUnreachable
 
 

@@ -4,7 +4,7 @@ from a profile of the workload (trainers.profile, stored per cluster) and the ca
 
 The profile runs when the store has none for the workload, micro-batch, device and torch version: on the
 cluster with --address (or RAY_ADDRESS), as a task holding one worker's resources; otherwise in this process,
-with the spec's threads per worker (sweeps.profiling).
+with the spec's threads per worker (sweeps.predict.profiling).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from results.errors import ResultsError
 from results.identity import CURVE_KNOBS
 from results.overlap import Profile
 from results.store import Store, load_calibration
-from sweeps.grid import Cell, expand
-from sweeps.profiling import Device, Profiler
-from sweeps.spec import SweepSpec
+from sweeps.plan.grid import Cell, expand
+from sweeps.predict.profiling import Device, Profiler
+from sweeps.spec.sweep import SweepSpec
 
 log = logging.getLogger(__name__)
 

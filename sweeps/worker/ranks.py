@@ -19,7 +19,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from sweeps.grid import Cell, Group
+from sweeps.plan.grid import Cell, Group
 
 WAIT = timedelta(days=7)  # the trial's cell_timeout_s ends a hung group long before
 

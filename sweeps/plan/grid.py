@@ -13,7 +13,7 @@ import random
 from dataclasses import asdict, dataclass, replace
 from itertools import product
 
-from sweeps.spec import SpecError, SweepSpec
+from sweeps.spec.sweep import SpecError, SweepSpec
 from trainers.config import StepConfig, canonical_args
 from trainers.errors import ConfigError
 from trainers.knobs import CHANGED, GRID_AXES, KNOBS, SPEC_SETTINGS, USER_WORKLOAD, WORKLOAD

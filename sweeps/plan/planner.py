@@ -1,6 +1,6 @@
 """A sweep's plan: the grid expanded (with `search: model`, the cells the model chose), the pairs still to
 measure (a resumed sweep's must match the grid and method it started with), and the claim one run holds on a
-sweep id while it measures it. sweeps.runner executes a plan.
+sweep id while it measures it. sweeps.driver.runner executes a plan.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from results.errors import StoreNotFound
 from results.lease import LeaseHeld, lease
 from results.racing import Rule
 from results.store import Store, require_label
-from sweeps import modelsearch
-from sweeps.grid import Cell, Group, calibration_groups, expand, plan_groups
-from sweeps.spec import SpecError, SweepSpec, new_sweep_id
+from sweeps.plan.grid import Cell, Group, calibration_groups, expand, plan_groups
+from sweeps.predict import modelsearch
+from sweeps.spec.sweep import SpecError, SweepSpec, new_sweep_id
 
 
 @dataclass

@@ -27,11 +27,11 @@ from ray.util.queue import Queue
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from results.racing import Rule
-from sweeps import deaths, leftover
-from sweeps.grid import Cell, Group, Slot
-from sweeps.options import TrialOptions, placement_for, worker_resources
-from sweeps.rounds import RoundPlanner
-from sweeps.rows import RowContext, build_row, now
+from sweeps.plan.grid import Cell, Group, Slot
+from sweeps.trial import deaths, leftover
+from sweeps.trial.options import TrialOptions, placement_for, worker_resources
+from sweeps.trial.rounds import RoundPlanner
+from sweeps.trial.rows import RowContext, build_row, now
 
 POLL_S = 0.1  # how often the trial looks at the outbox and the fit (never inside a measurement)
 FIT_END_WAIT_S = 30.0  # a force-cancelled fit is gone within a second or two
@@ -59,7 +59,7 @@ def row_context(group: Group, opts: TrialOptions, started: datetime) -> RowConte
 @ray.remote(num_cpus=0, max_retries=0)
 def fit_task(group: Group, opts: TrialOptions, outbox: Queue, inbox: Queue | None) -> None:
     """Fit the group's TorchTrainer in a task of its own, so a timeout can kill it with everything it owns."""
-    from sweeps.fit import fit_group  # torch and Ray Train load here, in the fit's process, not in the trial's
+    from sweeps.fit.task import fit_group  # torch and Ray Train load here, in the fit's process, not in the trial's
 
     fit_group(group, opts, outbox, inbox)
 
@@ -130,7 +130,7 @@ class GroupRun:
                 ray.kill(self.inbox.actor)
 
     def _release(self, why: str | None) -> str | None:
-        """After a failed fit: once it has ended, remove a placement group it left reserved (sweeps.leftover)."""
+        """After a failed fit: once it has ended, remove a placement group it left reserved (sweeps.trial.leftover)."""
         if why is None or self.pgs_before is None:
             return why
         ray.wait([self.ref], timeout=FIT_END_WAIT_S)

@@ -1,7 +1,7 @@
-"""The sweep spec: a mapping (a YAML file read by sweeps.specfile), validated strictly into a `SweepSpec`.
+"""The sweep spec: a mapping (a YAML file read by sweeps.spec.files), validated strictly into a `SweepSpec`.
 
 Every error is a `SpecError` naming the field's dotted path and what is allowed. The rules of single fields
-are in `sweeps.speccheck`, the checks across fields in `sweeps.specrules`; both run when a `SweepSpec` is made.
+are in `sweeps.spec.fields`, the checks across fields in `sweeps.spec.rules`; both run when a `SweepSpec` is made.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from dataclasses import dataclass, field, fields, make_dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sweeps.speccheck import (
+from sweeps.spec.fields import (
     SpecError,
     is_num,
     parse_topology,
 )
-from sweeps.specrules import validate
+from sweeps.spec.rules import validate
 from trainers.knobs import GRID_AXES, KNOBS, OPTIMIZE_DDP, SPEC_AXES, SPEC_SETTINGS, Knob
 
 
@@ -108,7 +108,7 @@ class SweepSpec(_SpecKnobs):
     """`grid`: every cell in every round; `race`: from min_rounds on, a cell shown slower than its curve's
     leader by more than `tolerance` is measured no more (results/racing.py); `model`: the overlap model
     (`ddpsweep predict`: the cluster's calibration and a profile of the workload) picks per curve the cells it
-    cannot rule out, the baseline and PyTorch's default bucket, which are then raced (sweeps/modelsearch.py)."""
+    cannot rule out, the baseline and PyTorch's default bucket, which are then raced (sweeps/predict/modelsearch.py)."""
     model_k: int | None = None
     """`search: model`: cells per curve the model picks; null: every cell predicted within twice the model's
     own within-curve error on this cluster of the curve's predicted best, at least 2."""

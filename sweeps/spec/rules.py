@@ -1,13 +1,13 @@
 """The sweep spec's rules across its fields (a grid's size, the knobs against their table, rounds and racing,
 hooks, nodes, the workload's form) and the count of the cells a grid expands to. `SweepSpec.__post_init__`
-runs `validate`; the rules of single fields are in `sweeps.speccheck`."""
+runs `validate`; the rules of single fields are in `sweeps.spec.fields`."""
 
 from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING
 
-from sweeps.speccheck import (
+from sweeps.spec.fields import (
     BF16_ON_CPU,
     ISOLATIONS,
     LISTS,
@@ -33,11 +33,11 @@ from trainers.errors import ConfigError
 from trainers.knobs import BACKENDS, GRID_AXES, SPEC_AXES, SPEC_SETTINGS, check
 
 if TYPE_CHECKING:
-    from sweeps.spec import SweepSpec
+    from sweeps.spec.sweep import SweepSpec
 
 
 def cells_planned(spec: SweepSpec) -> int:
-    """The cells the grid expands to (sweeps.grid.expand), counted without expanding it: baselines (one per gas,
+    """The cells the grid expands to (sweeps.plan.grid.expand), counted without expanding it: baselines (one per gas,
     timing and compile), then per placement, environment, timing and gas: no_sync only where gas > 1, naive once
     per compile value, and DDP once per combination of its axes, PowerSGD's rank crossed with `powersgd` only,
     optimize_ddp with compiled cells only."""
@@ -183,7 +183,7 @@ def _validate_rounds(spec: SweepSpec) -> None:
 
 def _check_steps(spec: SweepSpec) -> None:
     """StepConfig's own checks, made once on the spec rather than on its first cell: the preset or the workload's
-    import path and arguments (importing it is the planner's job: sweeps.grid), seq_len within the preset's block,
+    import path and arguments (importing it is the planner's job: sweeps.plan.grid), seq_len within the preset's block,
     PowerSGD's warm-up."""
     what = {"model": spec.model, "seq_len": spec.seq_len}
     if spec.workload is not None:

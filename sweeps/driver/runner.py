@@ -1,4 +1,4 @@
-"""The sweep driver: a plan (sweeps.plan), pre-flight, then Ray Tune with one trial per group.
+"""The sweep driver: a plan (sweeps.plan.planner), pre-flight, then Ray Tune with one trial per group.
 
 Each measurement's row is written to the store by `RowWriter` on the driver the moment its cell ends.
 """
@@ -21,15 +21,16 @@ from ray import tune
 from results import compaction
 from results.errors import StoreFull
 from results.store import Store
-from sweeps import machine, preflight
-from sweeps.grid import Group
-from sweeps.options import PLANTED_ENVS, TrialOptions
-from sweeps.plan import SweepPlan, claimed
-from sweeps.rows import build_row, now
-from sweeps.session import ray_session
-from sweeps.spec import SpecError, SweepSpec
-from sweeps.speccheck import BF16_ON_CPU
-from sweeps.trial import row_context, trial_fn
+from sweeps.driver import machine
+from sweeps.driver.session import ray_session
+from sweeps.plan import preflight
+from sweeps.plan.grid import Group
+from sweeps.plan.planner import SweepPlan, claimed
+from sweeps.spec.fields import BF16_ON_CPU
+from sweeps.spec.sweep import SpecError, SweepSpec
+from sweeps.trial.actor import row_context, trial_fn
+from sweeps.trial.options import PLANTED_ENVS, TrialOptions
+from sweeps.trial.rows import build_row, now
 from trainers.errors import ALLOW_WORKLOAD_ENV
 
 ProgressFn = Callable[[dict], None]
@@ -131,7 +132,7 @@ def resolve_options(plan: SweepPlan, res: preflight.ClusterResources, storage_pa
 
 
 def planted() -> dict[str, str]:
-    """The driver's planted variables (sweeps.options.PLANTED_ENVS), passed on to the workers (rows record them as
+    """The driver's planted variables (sweeps.trial.options.PLANTED_ENVS), passed on to the workers (rows record them as
     `injected_slowdown`, `injected_corruption` and `injected_jitter`)."""
     passed = (*PLANTED_ENVS, ALLOW_WORKLOAD_ENV)  # and the modules --allow-workload named, for the workers
     return {name: os.environ[name] for name in passed if os.environ.get(name)}

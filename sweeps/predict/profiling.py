@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import ray
 
-from sweeps.spec import SweepSpec
+from sweeps.spec.sweep import SweepSpec
 from trainers.config import StepConfig
 from trainers.errors import DDPSweepError
 
@@ -63,7 +63,7 @@ class Profiler:
 
     def __enter__(self) -> Profiler:
         if self.remote:
-            from sweeps.session import ray_session
+            from sweeps.driver.session import ray_session
 
             self._stack.enter_context(ray_session(self.address, verbose=False))
             self._gpu = self.spec.use_gpu is True or (
@@ -74,8 +74,8 @@ class Profiler:
 
     def _check_fits(self) -> None:
         """Refuse, before a task waits forever for resources, a profile no node of the cluster can run."""
-        from sweeps.preflight import ClusterResources, nodes_fitting
-        from sweeps.speccheck import SpecError
+        from sweeps.plan.preflight import ClusterResources, nodes_fitting
+        from sweeps.spec.fields import SpecError
 
         fits = nodes_fitting(self.spec.cpus_per_worker, self._gpu)
         if not fits or fits[0][1] < 1:

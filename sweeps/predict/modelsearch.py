@@ -1,4 +1,4 @@
-"""`search: model`: measure only what could win. Before the sweep, the overlap model (sweeps.predict) predicts
+"""`search: model`: measure only what could win. Before the sweep, the overlap model (sweeps.predict.steps) predicts
 every cell from the cluster's calibration and a profile of the workload; per curve the sweep then measures the
 cells the model cannot rule out, the baseline and PyTorch's default bucket, and races them (results.racing).
 
@@ -24,9 +24,9 @@ from results import predicted
 from results.errors import ResultsError
 from results.identity import CURVE_KEYS, CURVE_KNOBS, config_text
 from results.store import Store, load, load_calibration
-from sweeps import predict
-from sweeps.grid import Cell
-from sweeps.spec import SweepSpec
+from sweeps.plan.grid import Cell
+from sweeps.predict import steps as predict
+from sweeps.spec.sweep import SweepSpec
 from trainers.knobs import BY_NAME
 
 DEFAULT_ERROR = 0.10  # within-curve error assumed where the cluster has no measured comparison yet

@@ -1,6 +1,6 @@
 """The sweep spec's field rules beyond the knobs (whose rules are their entries in trainers.knobs): each field's
 type, range and choices, and the checks of the mappings and lists inside it (env, env_grid, topology, results),
-each failing with a `SpecError` that names the field's dotted path and what is allowed. `sweeps.spec` applies
+each failing with a `SpecError` that names the field's dotted path and what is allowed. `sweeps.spec.sweep` applies
 them to a `SweepSpec` and adds the checks across its fields."""
 
 from __future__ import annotations

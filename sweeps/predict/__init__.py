@@ -1,0 +1,1 @@
+"""The overlap model before measuring: predicted steps, the workload's profile, `search: model`."""
