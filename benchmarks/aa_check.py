@@ -20,8 +20,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from results.compare import POSITION, compare  # noqa: E402
-from results.store import load  # noqa: E402
+from results.analysis.compare import POSITION, compare  # noqa: E402
+from results.storage.store import load  # noqa: E402
 from sweeps.spec.files import load_spec  # noqa: E402
 from sweeps.spec.sweep import SweepSpec  # noqa: E402
 

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from results import analysis, costmodel  # noqa: E402
-from results.store import load, load_calibration  # noqa: E402
+from results.storage.store import load, load_calibration  # noqa: E402
 from sweeps.spec.files import load_spec  # noqa: E402
 
 

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from results.schema import row_table  # noqa: E402
+from results.storage.schema import row_table  # noqa: E402
 from tests.ray_head import free_port  # noqa: E402
 from tests.seed_rows import seed_rows  # noqa: E402
 

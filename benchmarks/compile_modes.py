@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from results import analysis  # noqa: E402
-from results.store import load  # noqa: E402
-from results.uncertainty import interval  # noqa: E402
+from results.analysis.uncertainty import interval  # noqa: E402
+from results.storage.store import load  # noqa: E402
 
 BUCKETS = [0.25, 1.0, 25.0]
 MODES = ["ddp_optimizer", "python_reducer", "no_optimization"]

@@ -10,7 +10,7 @@
 # Left out:
 #   - what the GPU image has (torch, numpy, pandas, pyarrow and their date libraries; matplotlib, typer,
 #     rich, psutil, httpx, jinja2 are not Ray dependencies and are not downloaded);
-#   - DuckDB (results.reader then reads file by file) and FastAPI/uvicorn (no `ddpsweep serve` there);
+#   - DuckDB (results.storage.reader then reads file by file) and FastAPI/uvicorn (no `ddpsweep serve` there);
 #   - ray[default]: without the dashboard's packages the embedded Ray starts without its dashboard
 #     (sweeps/driver/session.py), so no Ray Jobs, and a cell killed at cell_timeout_s keeps its placement group;
 #   - from Ray's wheel: ray/jars (Java workers), the dashboard's client build, rllib.

@@ -18,10 +18,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from results import analysis, predicted
-from results.identity import config_text
-from results.store import Store, load, load_calibration
-from results.uncertainty import interval
+from results.analysis import cells as analysis
+from results.analysis.identity import config_text
+from results.analysis.uncertainty import interval
+from results.model import predicted
+from results.storage.store import Store, load, load_calibration
 
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}  # dense bf16 tensor-core peak, per GPU (TFLOP/s)
 CELL = ["mode", "gas", "no_sync", "bucket_cap_mb", "comm_hook", "timing"]

@@ -32,8 +32,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from results.recommend import recommend  # noqa: E402
-from results.store import load  # noqa: E402
+from results.analysis.recommend import recommend  # noqa: E402
+from results.storage.store import load  # noqa: E402
 from sweeps.plan.grid import expand  # noqa: E402
 from sweeps.spec.sweep import spec_from_dict  # noqa: E402
 

@@ -7,7 +7,7 @@ per measurement) and the seed's way (one torchrun launch of trainers.bench per m
 
 Prints: whole-sweep wall time of each path and sweep / group; per group its start (launch -> workers
 ready for the first cell) with its parts, its measuring time and the marginal overhead per measurement;
-per cell, step_ms under sweep / group isolation with the 95% interval of the ratio (results.compare: the
+per cell, step_ms under sweep / group isolation with the 95% interval of the ratio (results.analysis.compare: the
 two sweeps are resampled independently), for each pair of runs; and the same count for sweep-1 / sweep-2 and
 group-1 / group-2, the A/A pairs of the run, which say how often the per-cell rule flags a cell when nothing
 differs but the time between two sweeps.
@@ -30,8 +30,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from results.compare import compare  # noqa: E402
-from results.store import load  # noqa: E402
+from results.analysis.compare import compare  # noqa: E402
+from results.storage.store import load  # noqa: E402
 from sweeps.plan.grid import Cell, expand  # noqa: E402
 from sweeps.spec.files import load_spec  # noqa: E402
 from sweeps.spec.sweep import SweepSpec  # noqa: E402

@@ -7,7 +7,7 @@ the round each cell was dropped after, the winner, and the measurements of the r
 with the same max_rounds (two tied cells are measured to max_rounds, so the share falls toward 50% only as
 max_rounds grows: the default here is 24, looked at after rounds 3, 5, 8, 12, 18, 24).
 
-Simulated (200 races each, results.racing's rule, min_rounds 3, max_rounds as above): four equal cells with the
+Simulated (200 races each, results.analysis.racing's rule, min_rounds 3, max_rounds as above): four equal cells with the
 measured step noise and round-to-round noise (A/A: how often is any cell dropped?), then with a GPU-like 2% CV
 per round, equal and with one cell 10% slower (how often is it dropped, and how soon?).
 
@@ -34,8 +34,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from results.racing import ALPHA, Rule, eliminated  # noqa: E402
-from results.store import load  # noqa: E402
+from results.analysis.racing import ALPHA, Rule, eliminated  # noqa: E402
+from results.storage.store import load  # noqa: E402
 
 BUCKETS = [0.05, 0.25, 1.0, 25.0]
 PLANTED = [0.0, 0.0, 0.30, 0.60]  # rotated over the buckets from race to race
@@ -182,7 +182,7 @@ def simulations(noise: Noise, sims: int, max_rounds: int) -> None:
 def joint_boundary(rule: Rule, cells: int = 4, paths: int = 400_000) -> tuple[float, float]:
     """(exact, Bonferroni) z of the race's bound: the 95% point of the largest standardized difference of any
     ordered pair of `cells` equal cells at any of the rule's looks (normal, known variance, looks correlated as
-    nested means are), against the Bonferroni z the rule uses (results.racing.Rule.level)."""
+    nested means are), against the Bonferroni z the rule uses (results.analysis.racing.Rule.level)."""
     rng = np.random.default_rng(0)
     looks = np.array(rule.looks_at)
     steps = np.diff(np.concatenate([[0], looks]))

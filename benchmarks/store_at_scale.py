@@ -4,7 +4,7 @@
     python benchmarks/store_at_scale.py --rows 20000    # quicker
     python benchmarks/store_at_scale.py --rows 9900 --no-http   # the CLI's latency on a packed store
 
-Rows are built through the real row schema (results.schema.row_table via Store.write_row) from the seed
+Rows are built through the real row schema (results.storage.schema.row_table via Store.write_row) from the seed
 post's measurements, spread over clusters and sweeps of 100 rows. Printed, each measured in this run:
 1. `ddpsweep query "select count(*) from cells"` end to end (a subprocess): uncompacted (one file per
    row), compacted (one file per sweep) and packed (one file per cluster, `ddpsweep compact`); then, on the
@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from results import compaction, reader  # noqa: E402
-from results.schema import conform  # noqa: E402
-from results.store import Store  # noqa: E402
+from results.storage.schema import conform  # noqa: E402
+from results.storage.store import Store  # noqa: E402
 from tests.ray_head import free_port  # noqa: E402
 from tests.seed_rows import seed_rows  # noqa: E402
 

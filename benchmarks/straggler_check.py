@@ -1,5 +1,5 @@
-"""Stragglers named (results.stragglers), measured on this machine with real sweeps on the embedded Ray (the smoke
-spec: gloo, 2 workers, one thread each), interleaved: planted, A/A, planted, A/A, ...
+"""Stragglers named (results.analysis.stragglers), measured on this machine with real sweeps on the embedded Ray
+(the smoke spec: gloo, 2 workers, one thread each), interleaved: planted, A/A, planted, A/A, ...
 
 - planted: DDPSWEEP_SLOWDOWN=*@1=<fraction> (rank 1's forward + backward slowed by that fraction in every cell):
   is rank 1 named, and only it, with its ratio, interval and cost?
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from results import stragglers  # noqa: E402
-from results.store import load  # noqa: E402
+from results.storage.store import load  # noqa: E402
 
 
 def sweep(out: Path, sweep_id: str, env: dict[str, str]) -> tuple[pd.DataFrame, float]:

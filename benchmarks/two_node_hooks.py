@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from results import analysis, recommend  # noqa: E402
-from results.store import load  # noqa: E402
-from results.uncertainty import interval  # noqa: E402
+from results.analysis.uncertainty import interval  # noqa: E402
+from results.storage.store import load  # noqa: E402
 
 SCRIPT = ROOT / "benchmarks" / "two_node_cluster.sh"
 SPEC = ROOT / "benchmarks" / "two_node_hooks.yaml"

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from results import analysis  # noqa: E402
-from results.store import load  # noqa: E402
+from results.storage.store import load  # noqa: E402
 
 
 def specs(repeats: int) -> dict[str, dict]:

@@ -1,6 +1,6 @@
 """The reference pages of the docs site, generated from the code's own declarations (never written by hand):
-the spec from `SweepSpec` and the knob table, the row schema from `results/schema.py`, the SQL views from
-`results.query.VIEWS`, the CLI from the Typer app, the HTTP API from the OpenAPI document, the errors from the
+the spec from `SweepSpec` and the knob table, the row schema from `results/storage/schema.py`, the SQL views from
+`results.sql.query.VIEWS`, the CLI from the Typer app, the HTTP API from the OpenAPI document, the errors from the
 error tree.
 
     python docs/docgen.py docs/reference     # what `make docs` runs before `mkdocs build --strict`
@@ -104,9 +104,9 @@ MEASURED_LINE = re.compile(r"^    (\w+): [^#]+#\s*(.*)$")  # a field of trainers
 
 
 def column_docs() -> dict[str, str]:
-    """Every row column's documentation: the comment beside it in results/schema.py or, for a measurement, in
+    """Every row column's documentation: the comment beside it in results/storage/schema.py or, for a measurement, in
     trainers/measurement.py, else its knob's doc."""
-    from results.schema import SCHEMA
+    from results.storage.schema import SCHEMA
     from sweeps.spec.sweep import knob_docs
 
     comments: dict[str, str] = {}
@@ -123,7 +123,7 @@ def column_docs() -> dict[str, str]:
 
 
 def schema_reference() -> str:
-    from results.schema import OLDER_ROWS, SCHEMA
+    from results.storage.schema import OLDER_ROWS, SCHEMA
 
     docs = column_docs()
     rows = [
@@ -136,7 +136,7 @@ def schema_reference() -> str:
         [
             "# Results schema",
             "",
-            "One Parquet row per measurement, every file written with this schema (`results/schema.py`); a",
+            "One Parquet row per measurement, every file written with this schema (`results/storage/schema.py`); a",
             "column added later reads, on older rows, the value those rows had. Times in ms, memory in bytes.",
             "",
             "| column | type | meaning |",
@@ -148,8 +148,8 @@ def schema_reference() -> str:
 
 
 def sql_reference() -> str:
-    from results.formats import FORMATS
-    from results.views import VIEWS
+    from results.sql.formats import FORMATS
+    from results.sql.views import VIEWS
 
     rows = [f"| `{name}` | {_cell(doc)} |" for name, doc in VIEWS.items()]
     return "\n".join(

@@ -1,6 +1,6 @@
 """Results: the Parquet schema, the store, SQL queries, analysis, plots and reports. Never imports torch or ray.
 
-The names below load on first use, so importing one light module (`results.views`, `results.errors`) does not
+The names below load on first use, so importing one light module (`results.sql.views`, `results.errors`) does not
 load pandas or pyarrow: the CLI answers `--help` and a query without them."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "SCHEMA": "results.schema",
+    "SCHEMA": "results.storage.schema",
     "QueryError": "results.errors",
     "ResultsError": "results.errors",
     "StoreNotFound": "results.errors",
     "UnknownSelection": "results.errors",
-    "Store": "results.store",
-    "load": "results.store",
+    "Store": "results.storage.store",
+    "load": "results.storage.store",
 }
 __all__ = sorted(_LAZY)
 

@@ -25,18 +25,18 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from results import compare as compare_mod
-from results import history as history_mod
-from results import predicted
-from results import query as query_mod
-from results import recommend as recommend_mod
-from results.analysis import computed_once
-from results.cache import ANALYSIS_MAX_ROWS, DOWNLOAD_MAX_ROWS, STORE_MAX_ROWS, CachedStore
+from results.analysis import compare as compare_mod
+from results.analysis import history as history_mod
+from results.analysis import recommend as recommend_mod
+from results.analysis.cells import computed_once
 from results.errors import StoreNotFound
-from results.formats import to_csv
-from results.report import render_html
-from results.store import require_label
-from results.views import VIEWS
+from results.model import predicted
+from results.render.report import render_html
+from results.sql import query as query_mod
+from results.sql.formats import to_csv
+from results.sql.views import VIEWS
+from results.storage.cache import ANALYSIS_MAX_ROWS, DOWNLOAD_MAX_ROWS, STORE_MAX_ROWS, CachedStore
+from results.storage.store import require_label
 from service import dashboard, jobs
 from service.clusterstate import ClusterState
 from service.downloads import download
@@ -152,7 +152,7 @@ def _frame_response(df: pd.DataFrame, fmt: str) -> Response:
 
 
 def _cached_query(cache: CachedStore, sql: str) -> pd.DataFrame:
-    """One query in a child process under results.isolation's limits (memory, deadline, result bytes)."""
+    """One query in a child process under results.sql.isolation's limits (memory, deadline, result bytes)."""
     query_mod.check_read_only(sql)  # refused before anything is computed
     if cache.table().num_rows == 0 and cache.calibration().empty:
         raise StoreNotFound(f"no results under {cache.root!r}: run a sweep first")

@@ -219,7 +219,7 @@ def _no_manifest(plan) -> bool:
 
 
 def _print_summary(outcome, summary_text, plan) -> None:
-    from results.store import load
+    from results.storage.store import load
 
     rows = load(outcome.results, cluster=outcome.cluster, sweep=outcome.sweep_id)
     errors = int((rows["status"] == "error").sum())
@@ -242,8 +242,8 @@ def calibrate(
 ) -> None:
     """All-reduce bandwidth by message size on the ranks, placement and backend the spec's cells would use;
     prints the α–β fit (rows: the `calibration` table)."""
-    from results import costmodel
-    from results.store import load_calibration
+    from results.model import costmodel
+    from results.storage.store import load_calibration
     from sweeps.driver import runner, session
     from sweeps.plan.planner import plan_sweep
     from sweeps.spec.files import load_spec
@@ -284,8 +284,8 @@ def predict(
     every curve: from the cluster's calibration (`ddpsweep calibrate`) and a profile of the workload (run on the
     cluster with --address, else here, and stored, when the store has none). With --sweep: predicted beside
     measured, each cell's prediction_error and each curve's accuracy."""
-    from results import predicted
-    from results.store import Store, load, load_calibration
+    from results.model import predicted
+    from results.storage.store import Store, load, load_calibration
     from sweeps.predict import steps as model
     from sweeps.spec.files import load_spec
 

@@ -9,11 +9,11 @@ from typing import Annotated, Literal
 
 import typer
 
-from results.views import VIEWS
+from results.sql.views import VIEWS
 from service.cli_common import DEFAULT_RESULTS, ResultsOpt, echo, fail
 from trainers.errors import ConfigError
 
-TableFormat = Literal["table", "csv", "json"]  # = results.formats.FORMATS (a Literal needs the values written out)
+TableFormat = Literal["table", "csv", "json"]  # = results.sql.formats.FORMATS (a Literal needs the values written out)
 
 
 def query(
@@ -23,9 +23,9 @@ def query(
     timeout: Annotated[float, typer.Option(help="wall-clock limit in seconds", min=0.1, max=3600)] = 30.0,
 ) -> None:
     """The answer to one SQL SELECT over the results (DuckDB, read-only, sandboxed; at most 100000 rows)."""
-    from results import isolation
-    from results.formats import render_table
-    from results.query import query_table
+    from results.sql import isolation
+    from results.sql.formats import render_table
+    from results.sql.query import query_table
 
     def expired() -> None:  # an interrupt DuckDB did not honour, or views that ran past the limit
         echo(f"error: query exceeded the time limit of {timeout:g} s", err=True)
@@ -42,8 +42,8 @@ def compact(
 ) -> None:
     """Fewer files to read: merge each sweep's one-file-per-row folder into one Parquet file (done after every
     sweep too), then each cluster's compacted sweeps into one pack (not with --sweep)."""
-    from results.compaction import compact as run_compact
-    from results.store import Store, require_label
+    from results.storage.compaction import compact as run_compact
+    from results.storage.store import Store, require_label
 
     for field, label in (("--cluster", cluster), ("--sweep", sweep)):
         if label is not None:
@@ -82,9 +82,9 @@ def compare(
     where it changed beyond the noise."""
     import pandas as pd
 
-    from results.compare import compare as compare_clusters
-    from results.formats import render
-    from results.store import load
+    from results.analysis.compare import compare as compare_clusters
+    from results.sql.formats import render
+    from results.storage.store import load
 
     if history:
         echo(render(_history(results, cluster), fmt), data=fmt != "table")
@@ -105,8 +105,8 @@ def compare(
 
 
 def _history(results: str, cluster: list[str]):
-    from results.history import history
-    from results.store import load
+    from results.analysis.history import history
+    from results.storage.store import load
 
     if len(cluster) != 1:
         raise ConfigError("--cluster", cluster, "exactly one label with --history: --history --cluster C")
@@ -114,8 +114,8 @@ def _history(results: str, cluster: list[str]):
 
 
 def _write_scaling_figure(rows, path: str) -> None:
-    from results import plots
-    from results.scaling import scaling
+    from results.analysis.scaling import scaling
+    from results.render import plots
 
     table = scaling(rows)
     if table.empty:
@@ -137,11 +137,11 @@ def scaling(
     the busbw each topology reached where the sweep calibrated, and the knee."""
     import pandas as pd
 
-    from results import identity
-    from results.formats import render
-    from results.scaling import SERIES as scaling_series
-    from results.scaling import scaling as scaling_table
-    from results.store import load, load_calibration
+    from results.analysis import identity
+    from results.analysis.scaling import SERIES as scaling_series
+    from results.analysis.scaling import scaling as scaling_table
+    from results.sql.formats import render
+    from results.storage.store import load, load_calibration
 
     rows = pd.concat([load(results, cluster=c, sweep=sweep) for c in (cluster or [None])], ignore_index=True)
     calibration = pd.concat([load_calibration(results, c, sweep) for c in (cluster or [None])])
@@ -187,10 +187,10 @@ def report(
     """A self-contained HTML report (figures embedded, every table with its intervals), or the figures as PNGs."""
     import pandas as pd
 
-    from results import predicted
-    from results.analysis import computed_once
-    from results.report import render_html, write_pngs
-    from results.store import Store, load, load_calibration
+    from results.analysis.cells import computed_once
+    from results.model import predicted
+    from results.render.report import render_html, write_pngs
+    from results.storage.store import Store, load, load_calibration
 
     try:
         if fmt not in ("html", "png"):
@@ -222,9 +222,9 @@ def recommend(
     """The configuration to paste, per curve (workload, topology, gas): the best measured DDP configuration,
     its gain over PyTorch's defaults with a 95% interval, what cannot be told apart from it, its gradient
     check, and the code; or, when the intervals cannot separate it from the defaults, one sentence saying so."""
-    from results.recommend import recommend as run_recommend
-    from results.recommend import to_json, to_text
-    from results.store import load
+    from results.analysis.recommend import recommend as run_recommend
+    from results.analysis.recommend import to_json, to_text
+    from results.storage.store import load
 
     if fmt not in ("text", "json"):
         raise ConfigError("--format", fmt, "text or json")

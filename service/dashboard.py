@@ -17,10 +17,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from results import analysis, identity, predicted, recommend, scaling, stragglers
-from results import compare as compare_mod
-from results import history as history_mod
-from results.cache import ANALYSIS_MAX_ROWS, CachedStore
+from results.analysis import cells as analysis
+from results.analysis import compare as compare_mod
+from results.analysis import history as history_mod
+from results.analysis import identity, recommend, scaling, stragglers
+from results.model import predicted
+from results.storage.cache import ANALYSIS_MAX_ROWS, CachedStore
 from service.clusterstate import ClusterState
 from service.svg import Point, Series, line_chart
 from sweeps.driver import machine
@@ -136,7 +138,7 @@ def _finite(v) -> float | None:
 def curve_series(cells: pd.DataFrame, y: str, label: str = "", predicted: pd.DataFrame | None = None) -> list[Series]:
     """One series per curve (analysis.CURVE_KEYS) over bucket_cap_mb, with the y interval where known; the name
     says what differs from the other series (hook, timing, sweep, …) beside world, nodes, gas and no_sync.
-    With `predicted` (results.predicted's cells), each curve's predicted steps follow it, dashed."""
+    With `predicted` (results.model.predicted's cells), each curve's predicted steps follow it, dashed."""
     ddp = cells[(cells["mode"] == "ddp") & cells["bucket_cap_mb"].notna()]
     several = ddp["num_nodes"].nunique() > 1
     keys = [k for k in analysis.CURVE_KEYS if k != "cluster"]
@@ -277,7 +279,7 @@ RANK_COLUMNS += ["cost_ms", "cost_rel", "planted", "straggler"]
 
 
 def ranks_context(rows: pd.DataFrame) -> dict | None:
-    """Each device's compute against its peers (results.stragglers) and the stragglers in words; None where the
+    """Each device's compute against its peers (results.analysis.stragglers) and the stragglers in words; None where the
     rows carry no per-rank figures."""
     table = stragglers.stragglers(rows)
     if table.empty:
@@ -287,7 +289,7 @@ def ranks_context(rows: pd.DataFrame) -> dict | None:
 
 
 def prediction(cache: CachedStore, rows: pd.DataFrame, cluster: str) -> dict[str, pd.DataFrame] | None:
-    """The overlap model beside the sweep's cells (results.predicted), from the cluster's newest calibration."""
+    """The overlap model beside the sweep's cells (results.model.predicted), from the cluster's newest calibration."""
     return predicted.for_rows(rows, cache.profiles().to_pandas(), cache.calibration(cluster))
 
 
@@ -354,7 +356,7 @@ def compare_page(cache: CachedStore, a: str | None, b: str | None, by: str = "cl
 
 
 def history_page(cache: CachedStore, cluster: str | None) -> str:
-    """One cluster over time (results.history): each configuration before and after a version change."""
+    """One cluster over time (results.analysis.history): each configuration before and after a version change."""
     labels = sorted(pc.unique(cache.table()["cluster"]).to_pylist())
     context = {"title": f"history of {cluster}" if cluster else "a cluster's history", "labels": labels}
     context |= {"cluster": cluster, "table": None, "n_flagged": 0}

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fastapi.responses import Response, StreamingResponse
 
-from results.formats import to_csv
+from results.sql.formats import to_csv
 from service.errors import ApiError
 
 DOWNLOAD_BATCH = 5_000  # rows converted at a time: a download's memory is a batch's, not the selection's

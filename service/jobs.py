@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from results.store import Store, require_label
+from results.storage.store import Store, require_label
 from service.workdir import check_workdir
 from sweeps.spec.files import parse_spec
 from sweeps.spec.sweep import SpecError, SweepSpec, new_sweep_id

@@ -7,7 +7,7 @@ import torch
 @pytest.fixture
 def seed_store(tmp_path) -> str:
     """A store written by the project's writer, holding the seed post's measurements."""
-    from results.store import Store
+    from results.storage.store import Store
     from tests.seed_rows import seed_rows
 
     store = Store.open(str(tmp_path))

@@ -14,7 +14,7 @@ import pytest
 import ray
 from typer.testing import CliRunner
 
-from results.store import Store, load
+from results.storage.store import Store, load
 from service.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent

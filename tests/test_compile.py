@@ -9,7 +9,7 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from results import recommend
+from results.analysis import recommend
 from sweeps.plan.grid import expand
 from sweeps.spec.files import parse_spec
 from sweeps.spec.rules import cells_planned

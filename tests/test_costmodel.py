@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from results import analysis, costmodel
+from results.analysis import cells as analysis
+from results.model import costmodel
 from tests.dist_helpers import run_world
 from tests.seed_rows import GRAD_BYTES, seed_rows
 
@@ -96,7 +97,7 @@ def test_a_wrong_reduced_value_fails_loudly_on_every_rank(tmp_path):
 
 
 def test_report_uses_the_sweeps_own_calibration():
-    from results.report import render_html
+    from results.render.report import render_html
 
     rows = pd.DataFrame(seed_rows()).assign(bucket_sizes_bytes=[[]] + [[GRAD_BYTES // 4] * 4] * 7)
     page = render_html(

@@ -7,7 +7,7 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
-from results.store import Store
+from results.storage.store import Store
 from service.api import ServiceSettings, create_app
 from tests.seed_rows import seed_rows
 

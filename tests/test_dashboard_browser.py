@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from results import analysis
-from results.store import Store, load
+from results.analysis import cells as analysis
+from results.storage.store import Store, load
 from tests.ray_head import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.ray]
@@ -182,7 +182,7 @@ def hostile_server(tmp_path):
     """A store whose spec name, cluster folder and a pack's sweep id carry markup that would run if injected."""
     import pyarrow.parquet as pq
 
-    from results.schema import row_table
+    from results.storage.schema import row_table
     from tests.seed_rows import seed_rows
 
     root = tmp_path / "store"

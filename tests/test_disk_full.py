@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from results.store import Store, load
+from results.storage.store import Store, load
 from tests.test_cli_sweep import SMOKE, ddpsweep
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")

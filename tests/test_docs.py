@@ -31,18 +31,18 @@ def test_every_spec_key_is_documented():
 
 
 def test_every_row_column_is_documented():
-    from results.schema import SCHEMA
+    from results.storage.schema import SCHEMA
 
     docs = docgen.column_docs()
     undocumented = [name for name in SCHEMA.names if len(docs[name]) < 3]
-    assert not undocumented, f"columns without a comment in results/schema.py or a knob doc: {undocumented}"
+    assert not undocumented, f"columns without a comment in results/storage/schema.py or a knob doc: {undocumented}"
     page = docgen.schema_reference()
     assert all(f"| `{name}` |" in page for name in SCHEMA.names)
 
 
 def test_every_sql_view_is_documented_and_every_documented_view_exists(seed_store):
-    from results.query import views
-    from results.views import VIEWS
+    from results.sql.query import views
+    from results.sql.views import VIEWS
 
     built = set(views(seed_store))
     assert built == set(VIEWS), (built, set(VIEWS))

@@ -114,8 +114,8 @@ def test_the_summary_sets_world_size_1_cells_beside_the_profile(tmp_path):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import gpu_summary
 
-    from results.schema import COLUMNS
-    from results.store import Store
+    from results.storage.schema import COLUMNS
+    from results.storage.store import Store
     from sweeps.spec.files import parse_spec
     from tests.test_identity import base
     from trainers import workload
@@ -139,7 +139,7 @@ def test_the_summary_sets_world_size_1_cells_beside_the_profile(tmp_path):
             r |= {"device_type": "cpu", "torch_version": torch.__version__, "workers_per_node": 1}
             r |= {"grad_bytes": sum(workload.planned(cell.step)[2])}  # the model the profile is of
             store.write_row({k: v for k, v in r.items() if k in set(COLUMNS)} | {"sweep_id": "1_main"})
-    from results.store import load
+    from results.storage.store import load
 
     lines = gpu_summary.prediction_lines(root, load(root))
     cells = [line for line in lines if line.startswith("| ") and line.endswith("% |")]

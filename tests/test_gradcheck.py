@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 import torch
 
-from results import analysis, racing, recommend
+from results.analysis import cells as analysis
+from results.analysis import racing, recommend
 from sweeps.driver.summary import summary_text
 from tests.dist_helpers import run_world
 from tests.test_identity import base
@@ -279,8 +280,8 @@ def test_compressing_configurations_carry_their_error_into_recommend():
 def test_the_sweep_page_and_the_report_show_a_failed_configuration_with_its_error(tmp_path):
     from fastapi.testclient import TestClient
 
-    from results.report import render_html
-    from results.store import Store
+    from results.render.report import render_html
+    from results.storage.store import Store
     from service.api import ServiceSettings, create_app
 
     rows = curve_with_a_failed_bucket()

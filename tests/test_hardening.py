@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from results.formats import to_csv
-from results.query import query
-from results.store import Store, load
+from results.sql.formats import to_csv
+from results.sql.query import query
+from results.storage.store import Store, load
 from service.cli import app
 from sweeps.plan.planner import plan_sweep
 from sweeps.spec.files import load_spec, parse_spec

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from results.store import Store
+from results.storage.store import Store
 from service.cli import app
 from tests.seed_rows import seed_rows
 
@@ -61,7 +61,7 @@ def test_a_stored_row_with_an_impossible_bucket_does_not_break_the_sweep_page(tm
     import pyarrow.parquet as pq
     from fastapi.testclient import TestClient
 
-    from results.schema import row_table
+    from results.storage.schema import row_table
     from service.api import ServiceSettings, create_app
 
     root = store_of(tmp_path, seed_rows())
@@ -121,7 +121,7 @@ def big_sweep(root, rows: int) -> str:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from results.schema import row_table
+    from results.storage.schema import row_table
 
     base = pa.concat_tables([row_table(r) for r in seed_rows()])
     table = pa.concat_tables([base] * (rows // base.num_rows + 1)).slice(0, rows).combine_chunks()
@@ -157,8 +157,8 @@ def test_a_sweep_too_big_for_a_page_is_a_413_and_the_index_counts_it(tmp_path):
 def test_a_store_over_the_servers_row_budget_is_refused_before_it_is_read(tmp_path):
     from fastapi.testclient import TestClient
 
-    from results.cache import CachedStore
     from results.errors import TooLarge
+    from results.storage.cache import CachedStore
     from service.api import ServiceSettings, create_app
 
     root = big_sweep(tmp_path, 3_000)

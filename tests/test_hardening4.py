@@ -14,7 +14,7 @@ import torch
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from results.store import Store
+from results.storage.store import Store
 from service.api import ServiceSettings, create_app
 from service.cli import app
 from service.workdir import check_workdir
@@ -293,8 +293,8 @@ def test_max_timed_steps_caps_the_first_batch_too():
 
 
 def test_rows_with_impossible_numbers_are_skipped_and_json_stays_valid(tmp_path):
-    from results.recommend import recommend
-    from results.store import load
+    from results.analysis.recommend import recommend
+    from results.storage.store import load
 
     store = Store.open(str(tmp_path))
     for r in seed_rows():
@@ -320,10 +320,10 @@ def test_rows_with_impossible_numbers_are_skipped_and_json_stays_valid(tmp_path)
 
 
 def test_planted_rows_are_left_out_of_every_answer(tmp_path):
-    from results import analysis
-    from results.compare import compare
-    from results.recommend import recommend
-    from results.store import load
+    from results.analysis import cells as analysis
+    from results.analysis.compare import compare
+    from results.analysis.recommend import recommend
+    from results.storage.store import load
 
     store = Store.open(str(tmp_path))
     for r in seed_rows():
@@ -454,7 +454,7 @@ def test_unclear_errors_say_what_to_do(tmp_path):
         parse_spec("name: x\nenv_grid: {TORCH_DISTRIBUTED_DEBUG: [OFF, INFO]}\n")
     assert "quote it" in e.value.allowed
     assert parse_spec("\ufeffname: x\n").name == "x"
-    from results.query import query
+    from results.sql.query import query
 
     store = Store.open(str(tmp_path))
     for r in seed_rows():
@@ -517,7 +517,7 @@ def test_an_unreachable_gcs_root_fails_in_seconds_naming_results(tmp_path):
 def test_cheap_pages_never_evict_an_expensive_report(tmp_path):
     import time
 
-    from results.cache import MEMO_ENTRIES, CachedStore
+    from results.storage.cache import MEMO_ENTRIES, CachedStore
 
     store = Store.open(str(tmp_path))
     for r in seed_rows():
@@ -600,7 +600,7 @@ def test_a_worker_env_that_segfaults_every_worker_is_named_in_the_rows(tmp_path)
     check failed" with env null."""
     import subprocess
 
-    from results.store import load
+    from results.storage.store import load
 
     spec = tmp_path / "crash.yaml"
     spec.write_text(

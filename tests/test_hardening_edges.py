@@ -19,7 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from results.errors import LabelError, ResultsError, StoreNotFound, UnknownSelection
-from results.store import Store, load
+from results.storage.store import Store, load
 from service import jobs
 from service.api import ServiceSettings, create_app
 from sweeps.driver import machine, runner

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from results.history import history, sweeps_in_order
+from results.analysis.history import history, sweeps_in_order
 from tests.seed_rows import seed_rows
 
 SLOWER = {"mode": "ddp", "bucket_cap_mb": 1.0, "gas": 1}  # the configuration the upgrade slows down
@@ -74,7 +74,7 @@ def test_the_cli_and_the_http_api_give_the_same_history(tmp_path):
     from fastapi.testclient import TestClient
     from typer.testing import CliRunner
 
-    from results.store import Store
+    from results.storage.store import Store
     from service.api import ServiceSettings, create_app
     from service.cli import app
 
@@ -99,7 +99,7 @@ def test_the_cli_and_the_http_api_give_the_same_history(tmp_path):
 def test_the_dashboard_shows_a_clusters_history_with_the_flagged_line(tmp_path):
     from fastapi.testclient import TestClient
 
-    from results.store import Store
+    from results.storage.store import Store
     from service.api import ServiceSettings, create_app
 
     store = Store.open(str(tmp_path))

@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from results import analysis, compare, identity, racing, recommend, scaling
+from results.analysis import cells as analysis
+from results.analysis import compare, identity, racing, recommend, scaling
 from sweeps.driver.summary import summary_text
 from tests.seed_rows import row
 from trainers.knobs import GRID_AXES, KNOBS, SWEPT, UNSET, Knob
@@ -17,7 +18,7 @@ from trainers.knobs import GRID_AXES, KNOBS, SWEPT, UNSET, Knob
 @pytest.fixture(autouse=True)
 def few_replicates(monkeypatch):
     """The walk asserts which lines pool and pair, not intervals: a few hundred replicates say so as well."""
-    from results import uncertainty
+    from results.analysis import uncertainty
 
     monkeypatch.setattr(uncertainty, "N_BOOT", 300)
 
@@ -128,7 +129,7 @@ def test_different_fingerprints_are_never_comparable():
 
 
 def test_every_knob_is_a_row_column_and_a_configuration_key():
-    from results.schema import COLUMNS
+    from results.storage.schema import COLUMNS
 
     assert set(identity.CONFIGURATION) <= set(COLUMNS)
     assert [k for k in identity.CONFIG_KEYS if k != SWEPT] == identity.CURVE_KEYS

@@ -99,12 +99,34 @@ def test_each_folder_of_sweeps_loads_only_what_its_process_has(folder):
 def test_results_the_http_api_and_the_spec_load_neither_torch_nor_ray():
     """Imported in a fresh interpreter: what they load, whatever path it takes (lazy names, re-exports)."""
     code = (
-        "import sys, results, results.store, results.recommend, results.report, service.api, sweeps.spec.files\n"
+        "import sys, results, results.storage.store, results.analysis.recommend, results.render.report, service.api\n"
+        "import sweeps.spec.files\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'ray'}))"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+RESULTS_FOLDERS = {  # what each folder of results may import of results (lazily too), beyond errors and knobs
+    "analysis": {"analysis"},  # pure functions over rows: no store, no SQL, no model, no figures
+    "model": {"analysis", "model"},
+    "render": {"analysis", "model", "render"},
+    "sql": {"storage", "analysis", "model", "sql"},
+    "storage": {"storage", "analysis.paste", "model.overlap", "sql.isolation"},  # the leaves a stored row needs
+}
+
+
+@pytest.mark.parametrize("folder", sorted(RESULTS_FOLDERS))
+def test_each_folder_of_results_imports_only_the_folders_below_it(folder):
+    allowed = {f"results.{a}" for a in RESULTS_FOLDERS[folder]} | {"results.errors", "results.knobs"}
+    breaches = {}
+    for path in (ROOT / "results" / folder).rglob("*.py"):
+        used = package_imports(ast.parse(path.read_text()), "results")
+        bad = {m for m in used if not any(m == a or m.startswith(f"{a}.") for a in allowed)}
+        if bad:
+            breaches[path.name] = sorted(bad)
+    assert breaches == {}
 
 
 def package_imports(tree: ast.AST, package: str) -> set[str]:
@@ -132,10 +154,12 @@ def package_imports(tree: ast.AST, package: str) -> set[str]:
 
 
 def test_the_cycle_guard_sees_package_imports(tmp_path):
-    tree = ast.parse("from results import query as q\nfrom results.store import Store\nfrom results import nothing\n")
-    assert package_imports(tree, "results") == {"results.query", "results.store"}
-    lazy = "if TYPE_CHECKING:\n    from results.cache import C\ndef f():\n    from results.plots import p\n"
-    assert package_imports(ast.parse(lazy), "results") == {"results.plots"}  # a lazy import counts, a typing one not
+    tree = ast.parse("from results.sql import query as q\nfrom results.storage.store import S\nfrom results import x\n")
+    assert package_imports(tree, "results") == {"results.sql.query", "results.storage.store"}
+    lazy = (
+        "if TYPE_CHECKING:\n    from results.storage.cache import C\ndef f():\n    from results.render.plots import p\n"
+    )
+    assert package_imports(ast.parse(lazy), "results") == {"results.render.plots"}  # lazy counts, typing-only not
 
 
 def test_no_import_cycles_inside_a_package():

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from results.store import Store
+from results.storage.store import Store
 from service.cli import app
 from sweeps.plan.grid import expand
 from sweeps.predict import modelsearch

@@ -1,12 +1,12 @@
-"""The overlap model (results.overlap) on hand-made profiles whose answers are worked out by hand in the comments:
+"""The overlap model (results.model.overlap) on hand-made profiles whose answers are worked out by hand in the comments:
 no torch, no Ray."""
 
 from __future__ import annotations
 
 import pytest
 
-from results import overlap
-from results.overlap import Profile
+from results.model import overlap
+from results.model.overlap import Profile
 
 # gradients 0..3 of 100, 200, 300, 400 bytes, ready in reverse order at 6, 4, 2 and 1 ms into an 8 ms backward
 PROFILE = Profile(

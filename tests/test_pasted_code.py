@@ -11,9 +11,9 @@ import subprocess
 
 import pytest
 
-from results.paste import snippet
-from results.recommend import recommend
-from results.store import Store, load
+from results.analysis.paste import snippet
+from results.analysis.recommend import recommend
+from results.storage.store import Store, load
 from tests.test_identity import base
 
 TEMPLATE_CALLS = {

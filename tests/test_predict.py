@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 from typer.testing import CliRunner
 
-from results.store import Store
+from results.storage.store import Store
 from service.cli import app
 
 SPEC = """name: p
@@ -81,7 +81,7 @@ def measured(root: str, slowdown: float = 1.5, sweep: str = "m-1") -> tuple:
 
     import torch
 
-    from results.schema import COLUMNS
+    from results.storage.schema import COLUMNS
     from sweeps.predict import steps as predict
     from sweeps.spec.files import parse_spec
     from tests.test_identity import base
@@ -107,8 +107,8 @@ def test_predicted_beside_measured_gives_each_curve_its_accuracy_and_fits_one_sl
     leaves no error."""
     import pytest
 
-    from results import predicted
-    from results.store import load, load_calibration
+    from results.model import predicted
+    from results.storage.store import load, load_calibration
 
     root = str(tmp_path / "r")
     measured(root)
@@ -182,8 +182,8 @@ def test_without_a_profile_the_prediction_columns_are_null_and_the_view_empty(tm
 def test_the_newest_calibration_is_the_one_measured_last_whatever_its_name(tmp_path):
     from datetime import timedelta
 
-    from results import predicted
-    from results.store import load_calibration
+    from results.model import predicted
+    from results.storage.store import load_calibration
 
     root = str(tmp_path)
     now = datetime.now(UTC)

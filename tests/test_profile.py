@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from results import overlap
+from results.model import overlap
 from tests.dist_helpers import run_world
 from tests.test_trainer_dist import BASE, CPU, RECSYS
 from trainers import replica

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from results import isolation
+from results.sql import isolation
 from service.api import ServiceSettings, create_app
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +37,7 @@ def cli_query(sql: str, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def client(seed_store, monkeypatch):
-    monkeypatch.setattr("results.query.QUERY_TIMEOUT_S", 20.0)
+    monkeypatch.setattr("results.sql.query.QUERY_TIMEOUT_S", 20.0)
     return TestClient(create_app(ServiceSettings(address=None, results=seed_store, token="t")))
 
 
@@ -61,7 +61,7 @@ def test_a_result_over_the_byte_bound_is_refused(client, monkeypatch):
 def test_analysis_views_run_inside_the_deadline(client, monkeypatch):
     """The views (bootstraps) are computed in the child: a deadline shorter than they take is a time-limit
     error, not a query that runs on."""
-    monkeypatch.setattr("results.query.QUERY_TIMEOUT_S", 0.01)
+    monkeypatch.setattr("results.sql.query.QUERY_TIMEOUT_S", 0.01)
     monkeypatch.setattr(isolation, "GRACE_S", 0.0)
     late = client.post("/query", json={"sql": "select count(*) from u_curve"}, headers=AUTH)
     assert late.status_code == 400 and "time limit" in late.json()["error"]["message"], late.text[:300]
@@ -85,8 +85,8 @@ def test_a_memory_bomb_in_the_cli_is_one_line_with_bounded_memory(seed_store):
 
 
 def test_csv_headers_from_sql_aliases_are_neutralized(seed_store):
-    from results.formats import to_csv
-    from results.query import query
+    from results.sql.formats import to_csv
+    from results.sql.query import query
 
     csv = to_csv(query(seed_store, 'select 1 as "=HYPERLINK(1)", 2 as ok'))
     assert csv.splitlines()[0] == "'=HYPERLINK(1),ok"
@@ -101,8 +101,8 @@ def test_a_rebinding_host_is_refused_on_loopback(seed_store):
 
 def test_report_labels_with_mathtext_are_plain_text(seed_store):
     """Stored text drawn on a figure is plain text: mathtext in a label made every report a 500."""
-    from results.report import render_html
-    from results.store import load
+    from results.render.report import render_html
+    from results.storage.store import load
 
     rows = load(seed_store)
     rows["cluster"] = "m$\\frac{x$"
@@ -159,7 +159,7 @@ def test_the_deadline_mid_stream_is_the_time_limit_error_in_the_cli(seed_store):
 
 
 def test_the_deadline_mid_stream_is_a_400_and_the_server_answers_next(client, monkeypatch):
-    monkeypatch.setattr("results.query.QUERY_TIMEOUT_S", 3.0)
+    monkeypatch.setattr("results.sql.query.QUERY_TIMEOUT_S", 3.0)
     late = client.post("/query", json={"sql": TRICKLE}, headers=AUTH)
     assert late.status_code == 400, late.text[:300]
     assert late.json()["error"]["message"] == "query exceeded the time limit of 3 s"

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from results.racing import Rule, eliminated, resolved
+from results.analysis.racing import Rule, eliminated, resolved
 from sweeps.plan.grid import expand, plan_groups
 from sweeps.spec.sweep import SpecError, SweepSpec
 from sweeps.trial.rounds import RoundPlanner

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 from fastapi.testclient import TestClient
 
-from results.recommend import recommend, to_text
-from results.store import Store
+from results.analysis.recommend import recommend, to_text
+from results.storage.store import Store
 from service.api import ServiceSettings, create_app
 from tests.seed_rows import seed_rows
 
@@ -42,7 +42,7 @@ def seed_store(tmp_path) -> str:
 
 
 def test_the_seed_recommends_25_mb_and_no_sync_with_the_gain_the_post_reports(seed_store):
-    from results.store import load
+    from results.storage.store import load
 
     recs = {r["gas"]: r for r in recommend(load(seed_store))}
     one, four = recs[1], recs[4]
@@ -63,7 +63,7 @@ def test_a_noisy_store_gets_no_false_recommendation(tmp_path):
     store = Store.open(str(tmp_path))
     for r in noisy(seed_rows(), cv=0.10, repeats=3, seed=7, same=150.0):
         store.write_row(r)
-    from results.store import load
+    from results.storage.store import load
 
     for rec in recommend(load(str(tmp_path))):
         assert rec["recommended"]["bucket_cap_mb"] == 25.0 and rec["recommended"]["no_sync"] is False, rec["verdict"]
@@ -77,7 +77,7 @@ def test_two_rounds_say_how_many_to_run_instead_of_a_degenerate_interval(tmp_pat
     store = Store.open(str(tmp_path))
     for r in noisy(seed_rows(), cv=0.05, repeats=2, seed=3):
         store.write_row(r)
-    from results.store import load
+    from results.storage.store import load
 
     recs = recommend(load(str(tmp_path)))
     assert recs and all(r["n_repeats"] == 2 for r in recs)
@@ -90,7 +90,7 @@ def test_two_rounds_say_how_many_to_run_instead_of_a_degenerate_interval(tmp_pat
 
 
 def test_the_snippet_gives_device_ids_on_cuda_only_and_quotes_values():
-    from results.paste import snippet
+    from results.analysis.paste import snippet
 
     cfg = recommend_defaults() | {"bucket_cap_mb": 5.0, "gradient_as_bucket_view": True}
     assert "device_ids=[local_rank]" in snippet(cfg, 1, {}, cuda=True)
@@ -100,7 +100,7 @@ def test_the_snippet_gives_device_ids_on_cuda_only_and_quotes_values():
 
 
 def recommend_defaults() -> dict:
-    from results.identity import PYTORCH_DEFAULTS
+    from results.analysis.identity import PYTORCH_DEFAULTS
 
     return dict(PYTORCH_DEFAULTS)
 
@@ -149,7 +149,7 @@ def test_progress_lines_show_samples_where_a_workload_gives_no_tokens():
 def hooked(root: Path, speedup: float, cv: float, seed: int = 1) -> pd.DataFrame:
     """The seed's gas-1 cells, PyTorch's defaults 4% slower than its best (25 MB with the bucket view), and that
     best again with a PowerSGD hook `speedup` times faster."""
-    from results.store import load
+    from results.storage.store import load
 
     gas1 = [r for r in seed_rows() if r["gas"] == 1 and r["mode"] == "ddp"]
     base = next(r for r in gas1 if r["bucket_cap_mb"] == 25.0)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from results import analysis
-from results.store import Store, load
+from results.analysis import cells as analysis
+from results.storage.store import Store, load
 
 
 def test_scaling_efficiency_and_exposed_communication(seed_store):

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from results import compaction, reader
-from results.cache import CachedStore
-from results.compaction import COMPACTED
-from results.store import Store
+from results.storage import compaction, reader
+from results.storage.cache import CachedStore
+from results.storage.compaction import COMPACTED
+from results.storage.store import Store
 from service.api import ServiceSettings, create_app
 from tests.seed_rows import seed_rows
 
@@ -226,7 +226,7 @@ def test_query_limits_are_clear_errors_through_the_cli(seed_store):
 
 
 def test_query_limits_are_clear_errors_over_http(seed_store, monkeypatch):
-    monkeypatch.setattr("results.query.QUERY_TIMEOUT_S", 2.0)
+    monkeypatch.setattr("results.sql.query.QUERY_TIMEOUT_S", 2.0)
     client = TestClient(create_app(ServiceSettings(address=None, results=seed_store, token="t")))
     auth = {"Authorization": "Bearer t"}
     big = client.post("/query", json={"sql": "select * from range(200000)"}, headers=auth)

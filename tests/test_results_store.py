@@ -13,12 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from results.compare import compare
+from results.analysis.compare import compare
 from results.errors import QueryError, StoreNotFound, UnknownSelection
-from results.query import query
-from results.report import render_html, write_pngs
-from results.schema import SCHEMA
-from results.store import Store, load
+from results.render.report import render_html, write_pngs
+from results.sql.query import query
+from results.storage.schema import SCHEMA
+from results.storage.store import Store, load
 from service.cli import app
 from tests.seed_rows import row, seed_rows
 
@@ -111,7 +111,7 @@ def test_sql_sandbox_refuses(seed_store, sql, reason):
 
 
 def test_sandbox_holds_even_without_the_statement_filter(seed_store):
-    from results.query import sandboxed, views
+    from results.sql.query import sandboxed, views
 
     con = sandboxed(views(seed_store))
     for sql in ("select * from read_csv('/etc/passwd')", "SET enable_external_access = true", "LOAD httpfs"):
@@ -198,7 +198,8 @@ def test_cli_query_compare_report_errors_exit_2(seed_store, tmp_path):
 
 
 def test_a_report_bootstraps_each_configuration_once(seed_store, monkeypatch):
-    from results import analysis, uncertainty
+    from results.analysis import cells as analysis
+    from results.analysis import uncertainty
 
     calls = []
     real = uncertainty.blocked_median

@@ -6,9 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from results import analysis, identity
-from results.compare import compare
-from results.uncertainty import bootstrap_median, interval, t_factor
+from results.analysis import cells as analysis
+from results.analysis import identity
+from results.analysis.compare import compare
+from results.analysis.uncertainty import bootstrap_median, interval, t_factor
 from tests.seed_rows import row
 
 
@@ -103,7 +104,7 @@ def test_error_rows_are_never_noisy_and_do_not_upset_the_flags():
 def test_error_bars_survive_an_interval_that_misses_its_point_estimate():
     import matplotlib.pyplot as plt
 
-    from results.plots import errorbar
+    from results.render.plots import errorbar
 
     fig, ax = plt.subplots()
     errorbar(ax, [1, 2, 3], [1.0, 2.0, 3.0], [1.1, np.nan, 2.5], [1.5, np.nan, 3.5])  # lo above the point; NaN

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from results.recommend import recommend
-from results.store import Store, load
+from results.analysis.recommend import recommend
+from results.storage.store import Store, load
 from tests.seed_rows import seed_rows
 from tests.test_recommend import noisy
 

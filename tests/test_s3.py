@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from results.store import Store
+from results.storage.store import Store
 from tests.ray_head import free_port
 from tests.seed_rows import seed_rows
 

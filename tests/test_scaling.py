@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from results.report import render_html
-from results.scaling import scaling, topologies
-from results.store import Store
+from results.analysis.scaling import scaling, topologies
+from results.render.report import render_html
+from results.storage.store import Store
 from tests.seed_rows import row
 
 ROOT = Path(__file__).resolve().parent.parent

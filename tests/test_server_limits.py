@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from results.store import Store
+from results.storage.store import Store
 from service import api, downloads, jobs
 from service.api import ServiceSettings, create_app
 from tests.seed_rows import seed_rows

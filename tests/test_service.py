@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from results.store import load
+from results.storage.store import load
 from service.api import ServiceSettings, create_app
 from service.cli import app as cli_app
 from tests.ray_head import ray_head
@@ -160,7 +160,7 @@ def test_auth_validation_and_sandbox_over_http(api, head):
 
 
 def test_sql_sandbox_and_errors_have_one_shape(api, tmp_path):
-    from results.store import Store
+    from results.storage.store import Store
     from tests.seed_rows import seed_rows
 
     client, settings = api

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from results.errors import QueryError
-from results.query import query
+from results.sql.query import query
 from service.api import ServiceSettings, create_app
 
 ESCAPES = [
@@ -128,7 +128,7 @@ def test_huge_result_is_refused(sandbox_dirs):
 
 def test_http_query_refuses_the_escape_and_stays_responsive(sandbox_dirs, monkeypatch):
     store, cwd = sandbox_dirs
-    monkeypatch.setattr("results.query.QUERY_TIMEOUT_S", 3.0)
+    monkeypatch.setattr("results.sql.query.QUERY_TIMEOUT_S", 3.0)
     client = TestClient(create_app(ServiceSettings(address=None, results=str(store), token="t0k")))
     auth = {"Authorization": "Bearer t0k"}
     before = tree(store, cwd)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-from results import compaction, lease
 from results.errors import StoreFull
-from results.store import Store, valid_label
+from results.storage import compaction, lease
+from results.storage.store import Store, valid_label
 from tests.seed_rows import seed_rows
 
 ROOT = Path(__file__).resolve().parent.parent

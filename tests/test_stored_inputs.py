@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 
-from results.overlap import Profile
-from results.store import Store
+from results.model.overlap import Profile
+from results.storage.store import Store
 from service.api import ServiceSettings, create_app
 from tests.seed_rows import seed_rows
 from tests.test_predict import calibrate
@@ -111,7 +111,7 @@ def test_a_calibration_that_cannot_give_a_fit_is_skipped_with_a_warning_naming_t
 def test_a_profile_of_another_model_is_not_used_beside_the_rows(tmp_path):
     import pandas as pd
 
-    from results import predicted
+    from results.model import predicted
 
     knobs = dict.fromkeys(predicted.PROFILE_FIELDS)
     cell = pd.Series(knobs | {"cluster": "lab", "world_size": 2, "num_nodes": 1, "grad_bytes": 999_999})

@@ -1,5 +1,6 @@
-"""Stragglers: each rank's compute and wait measured after the timed steps (trainers.perrank), the slow device named
-(results.stragglers) in the view, the summary, recommend and the dashboard; a benchmark's plant slows one rank."""
+"""Stragglers: each rank's compute and wait measured after the timed steps (trainers.perrank), the slow device
+named (results.analysis.stragglers) in the view, the summary, recommend and the dashboard; a benchmark's plant
+slows one rank."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pandas as pd
 import pytest
 import torch
 
-from results import stragglers
-from results.recommend import recommend, to_text
+from results.analysis import stragglers
+from results.analysis.recommend import recommend, to_text
 from tests.dist_helpers import run_world
 from trainers.config import StepConfig
 from trainers.perrank import PROBES, _ranges, device_id
@@ -61,7 +62,7 @@ def crafted_rows(
 def straggler_store(tmp_path) -> str:
     """The seed post's rows (8 ranks, placed here on 2 nodes of 4) written by the project's writer, each DDP
     measurement with per-rank figures in which rank 5 (node-b, local rank 1) computes 30% slower."""
-    from results.store import Store
+    from results.storage.store import Store
     from tests.seed_rows import seed_rows
 
     rng, store = np.random.default_rng(0), Store.open(str(tmp_path))
@@ -114,8 +115,8 @@ def test_rows_without_per_rank_figures_give_no_line():
 
 
 def test_the_summary_recommend_and_the_sql_view_name_the_straggler(straggler_store):
-    from results.query import query
-    from results.store import load
+    from results.sql.query import query
+    from results.storage.store import load
     from sweeps.driver.summary import summary_text
 
     rows = load(straggler_store)

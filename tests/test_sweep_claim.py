@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from results.lease import lease
-from results.store import Store
+from results.storage.lease import lease
+from results.storage.store import Store
 from sweeps.plan.planner import CLAIM, claimed, plan_sweep
 from sweeps.spec.files import parse_spec
 from sweeps.spec.sweep import SpecError

@@ -10,8 +10,8 @@ import pytest
 import ray
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
-from results.query import query
-from results.store import Store, load
+from results.sql.query import query
+from results.storage.store import Store, load
 from sweeps.driver.runner import execute
 from sweeps.plan.grid import expand
 from sweeps.plan.planner import plan_sweep
@@ -201,7 +201,7 @@ def test_cell_isolation_runs_one_worker_group_per_measurement(fault_file, tmp_pa
 def test_hooks_and_an_env_grid_run_on_ray_one_group_per_environment(fault_file, tmp_path, monkeypatch):
     """With a planted corruption (DDPSWEEP_CORRUPT) on one exact cell: its replicas stay in sync, its gradient
     check fails, and recommend leaves it out and says why."""
-    from results.recommend import recommend
+    from results.analysis.recommend import recommend
     from sweeps.trial.options import CORRUPT_ENV
 
     fault_file.write_text("")
@@ -263,7 +263,7 @@ def test_a_race_drops_planted_slow_cells_and_auto_rounds_stop_once_resolved(faul
 def test_one_worker_group_measures_every_placement_on_its_own_ranks(fault_file, tmp_path, monkeypatch):
     """Each cell on its own ranks of one group; with a straggler planted on rank 1 (DDPSWEEP_SLOWDOWN=*@1=1), the
     2-rank cell's row names that rank's host, local rank and device, and the summary names it."""
-    from results.stragglers import summary_lines
+    from results.analysis.stragglers import summary_lines
     from sweeps.trial.options import SLOWDOWN_ENV
 
     fault_file.write_text("")

@@ -153,7 +153,7 @@ def test_preflight_names_what_is_missing():
 
 
 def test_resume_refuses_an_unknown_sweep_and_a_changed_grid(tmp_path):
-    from results.store import Store
+    from results.storage.store import Store
     from sweeps.plan.planner import plan_sweep
 
     spec = parse_spec("name: r\nbucket_cap_mb: [1, 25]")
@@ -206,14 +206,14 @@ def test_group_key_is_what_shapes_a_worker_group():
 
 
 def test_schema_holds_the_step_configuration_and_the_measurement():
-    from results.schema import CONFIGURATION
+    from results.storage.schema import CONFIGURATION
 
     assert [f.name for f in CONFIGURATION] == [f.name for f in dataclasses.fields(StepConfig)]
 
 
 def test_every_measured_field_is_stored_and_read_back_as_measured(tmp_path):
     """A measurement with every field set (nested lists too) written by the row writer and read by the reader."""
-    from results.store import Store, load
+    from results.storage.store import Store, load
     from tests.seed_rows import seed_rows
     from trainers.measurement import Measurement
 
@@ -238,7 +238,7 @@ def test_every_measured_field_is_stored_and_read_back_as_measured(tmp_path):
 def test_a_baseline_row_keeps_its_configuration_from_spec_to_parquet(tmp_path):
     from datetime import UTC, datetime
 
-    from results.store import Store, load
+    from results.storage.store import Store, load
     from sweeps.plan.grid import plan_groups
     from sweeps.trial.rows import RowContext, build_row
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from results import analysis
+from results.analysis import cells as analysis
 from sweeps.plan.grid import expand
 from sweeps.spec.sweep import SpecError, SweepSpec
 from tests.dist_helpers import run_world
@@ -155,7 +155,7 @@ def test_the_summary_gives_each_timing_and_hook_its_own_curve():
 
 
 def test_the_u_curve_figure_draws_and_labels_each_curve_apart():
-    from results import plots
+    from results.render import plots
 
     (ax,) = plots.u_curve_figure(pd.DataFrame(MIXED)).axes
     labels = [t.get_text() for t in ax.get_legend().get_texts() if "ranks" in t.get_text()]

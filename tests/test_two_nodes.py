@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from results.scaling import scaling
-from results.store import load, load_calibration
+from results.analysis.scaling import scaling
+from results.storage.store import load, load_calibration
 
 pytestmark = [pytest.mark.netns, pytest.mark.ray, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from results.store import load
+from results.storage.store import load
 from service.api import ServiceSettings, create_app
 
 ROOT = Path(__file__).resolve().parent.parent

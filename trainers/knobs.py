@@ -5,8 +5,8 @@ choice), its default, its docstring underneath and its `Knob` metadata beside it
 `get_type_hints(include_extras=True)` as torchtitan declares its settings. `StepKnobs` is what every rank runs
 (`trainers.config.StepConfig` subclasses it), `PlacementKnobs` what places the ranks. Everything else is derived
 from `KNOBS`: the spec's axes and settings (`sweeps.spec.sweep`), the grid and the cell id (`sweeps.plan.grid`), the row
-schema and what older rows read (`results.schema`), and every view's notion of "the same configuration"
-(`results.identity`: the analyses, compare, recommend, racing, scaling, the summary and the dashboard).
+schema and what older rows read (`results.storage.schema`), and every view's notion of "the same configuration"
+(`results.analysis.identity`: the analyses, compare, recommend, racing, scaling, the summary and the dashboard).
 
 Adding a knob: one field here, and the code that applies it (a DDP keyword needs none: `trainers.replica.ddp_kwargs`
 passes every knob that names one; an `applies` rule is a plain function beside the others).

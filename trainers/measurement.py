@@ -1,4 +1,4 @@
-"""What a cell's run returns: its measurements, one field per column of the row (results.schema derives those
+"""What a cell's run returns: its measurements, one field per column of the row (results.storage.schema derives those
 columns from these fields; the comment beside each field is its column's documentation). Torch-free."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One rank's micro-step without DDP, profiled for the overlap model (results.overlap): forward, each
+"""One rank's micro-step without DDP, profiled for the overlap model (results.model.overlap): forward, each
 parameter's gradient-ready time in the backward (post-accumulate-grad hooks), the backward's end and the
 optimizer step, each the median over repeats with its p10 and p90. Untimed warm-up steps come first; on CUDA
 every time is a CUDA event on the current stream (the hooks record one as the gradient is accumulated), on
@@ -47,7 +47,7 @@ class _Clock:
 
 def profile_micro_step(cfg: StepConfig, device: torch.device, repeats: int = REPEATS, warmup: int = WARMUP) -> dict:
     """The profile of `cfg`'s workload and micro-batch on `device` (one rank, eager, no DDP): a dict whose
-    fields are results.overlap.Profile's, plus each one's p10/p90 and the parameter names."""
+    fields are results.model.overlap.Profile's, plus each one's p10/p90 and the parameter names."""
     cfg = replace(cfg, mode="single", gas=1, compile=False)
     built = workload.build(cfg, device)
     model, params = built.model, list(built.model.parameters())

@@ -18,9 +18,9 @@ from datetime import UTC, datetime
 import ray
 from ray import tune
 
-from results import compaction
 from results.errors import StoreFull
-from results.store import Store
+from results.storage import compaction
+from results.storage.store import Store
 from sweeps.driver import machine
 from sweeps.driver.session import ray_session
 from sweeps.plan import preflight

@@ -7,15 +7,16 @@ import dataclasses
 
 import pandas as pd
 
-from results import analysis, identity, racing, stragglers
+from results.analysis import cells as analysis
+from results.analysis import identity, racing, stragglers
+from results.analysis.uncertainty import rel_width
 from results.knobs import KNOBS, at_default, show
-from results.uncertainty import rel_width
 from sweeps.plan.grid import Cell
 
 WIDE_REL = 0.04  # an interval wider than ±2% of its median is listed as noisy
 
 
-# One line per curve: everything but the bucket fixed (results.identity.CURVE_KEYS within one sweep)
+# One line per curve: everything but the bucket fixed (results.analysis.identity.CURVE_KEYS within one sweep)
 LINE_KEYS = [k for k in identity.CURVE_KEYS if k not in ("cluster", "sweep_id")]
 # What a progress line and the dry-run table show in columns of their own; any other knob set away from its
 # default is named after them (`comm_hook=fp16 timing=loop …`)

@@ -222,7 +222,7 @@ class Group:
     slots: tuple[Slot, ...]
     calibrate: bool = False  # an all-reduce sweep on the group's ranks before its first cell
     shape: Cell | None = None  # the cell that shapes the worker group (default: the first slot's)
-    rule: dict | None = None  # results.racing.Rule as a dict: the trial decides each next round (None: as planned)
+    rule: dict | None = None  # racing.Rule as a dict: the trial decides each next round (None: as planned)
     prior: tuple[dict, ...] = ()  # --resume of a decided sweep: the ok rows its rounds already stored (evidence)
     chosen: dict | None = None  # search: model — cell id -> why the model chose it and its predicted step
 

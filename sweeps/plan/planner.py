@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 
+from results.analysis.racing import Rule
 from results.errors import StoreNotFound
-from results.lease import LeaseHeld, lease
-from results.racing import Rule
-from results.store import Store, require_label
+from results.storage.lease import LeaseHeld, lease
+from results.storage.store import Store, require_label
 from sweeps.plan.grid import Cell, Group, calibration_groups, expand, plan_groups
 from sweeps.predict import modelsearch
 from sweeps.spec.sweep import SpecError, SweepSpec, new_sweep_id
@@ -187,13 +187,13 @@ def _normal(value: object) -> object:
     return ("other", str(value))
 
 
-CLAIM = "_claim.lock"  # in the sweep's folder: held by the one run measuring it (results.lease)
+CLAIM = "_claim.lock"  # in the sweep's folder: held by the one run measuring it (results.storage.lease)
 
 
 @contextmanager
 def claimed(plan: SweepPlan) -> Iterator[None]:
     """Hold the sweep's claim while it runs, taken atomically before Ray starts (local disk: flock; object
-    stores: a lease object, see results.lease): a second run of the same id (two `--sweep X`, two
+    stores: a lease object, see results.storage.lease): a second run of the same id (two `--sweep X`, two
     `--resume X`) is refused with the first's pid and host. Under the claim the pending pairs are worked out
     again, so a run that waited behind another measures only what that one left."""
     field = "--resume" if plan.resumed else "--sweep"

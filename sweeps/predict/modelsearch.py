@@ -1,6 +1,6 @@
 """`search: model`: measure only what could win. Before the sweep, the overlap model (sweeps.predict.steps) predicts
 every cell from the cluster's calibration and a profile of the workload; per curve the sweep then measures the
-cells the model cannot rule out, the baseline and PyTorch's default bucket, and races them (results.racing).
+cells the model cannot rule out, the baseline and PyTorch's default bucket, and races them (results.analysis.racing).
 
 How many cells per curve (k): `model_k` where the spec sets it, else every cell whose predicted step is within
 twice the model's own within-curve error of the curve's predicted best, at least 2. That error is measured on
@@ -20,10 +20,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from results import predicted
+from results.analysis.identity import CURVE_KEYS, CURVE_KNOBS, config_text
 from results.errors import ResultsError
-from results.identity import CURVE_KEYS, CURVE_KNOBS, config_text
-from results.store import Store, load, load_calibration
+from results.model import predicted
+from results.storage.store import Store, load, load_calibration
 from sweeps.plan.grid import Cell
 from sweeps.predict import steps as predict
 from sweeps.spec.sweep import SweepSpec

@@ -1,6 +1,6 @@
-"""`ddpsweep predict`: every cell's step from the overlap model (results.overlap) before anything is measured,
+"""`ddpsweep predict`: every cell's step from the overlap model (results.model.overlap) before anything is measured,
 from a profile of the workload (trainers.profile, stored per cluster) and the calibration of each placement
-(results.costmodel, from `ddpsweep calibrate`); after a sweep, the same predictions beside its measurements.
+(results.model.costmodel, from `ddpsweep calibrate`); after a sweep, the same predictions beside its measurements.
 
 The profile runs when the store has none for the workload, micro-batch, device and torch version: on the
 cluster with --address (or RAY_ADDRESS), as a task holding one worker's resources; otherwise in this process,
@@ -15,11 +15,11 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from results import predicted
+from results.analysis.identity import CURVE_KNOBS
 from results.errors import ResultsError
-from results.identity import CURVE_KNOBS
-from results.overlap import Profile
-from results.store import Store, load_calibration
+from results.model import predicted
+from results.model.overlap import Profile
+from results.storage.store import Store, load_calibration
 from sweeps.plan.grid import Cell, expand
 from sweeps.predict.profiling import Device, Profiler
 from sweeps.spec.sweep import SweepSpec

@@ -9,7 +9,7 @@ import math
 import re
 from typing import Any
 
-from results.store import LABEL_RULE, valid_label
+from results.storage.store import LABEL_RULE, valid_label
 from trainers.errors import ConfigError
 from trainers.knobs import BY_NAME
 

@@ -106,7 +106,7 @@ class SweepSpec(_SpecKnobs):
     """`repeats: auto`: no group starts a new round once the sweep has run this long (s)."""
     search: str = "grid"
     """`grid`: every cell in every round; `race`: from min_rounds on, a cell shown slower than its curve's
-    leader by more than `tolerance` is measured no more (results/racing.py); `model`: the overlap model
+    leader by more than `tolerance` is measured no more (results/analysis/racing.py); `model`: the overlap model
     (`ddpsweep predict`: the cluster's calibration and a profile of the workload) picks per curve the cells it
     cannot rule out, the baseline and PyTorch's default bucket, which are then raced (sweeps/predict/modelsearch.py)."""
     model_k: int | None = None

@@ -26,7 +26,7 @@ from ray.exceptions import RayError, RayTaskError
 from ray.util.queue import Queue
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from results.racing import Rule
+from results.analysis.racing import Rule
 from sweeps.plan.grid import Cell, Group, Slot
 from sweeps.trial import deaths, leftover
 from sweeps.trial.options import TrialOptions, placement_for, worker_resources
@@ -177,7 +177,7 @@ def _each(rows: Iterator[dict], written: set) -> Generator[dict, None, str | Non
 
 
 def calibration_rows(msg: dict, ctx: RowContext, cell: Cell) -> list[dict]:
-    """The calibration table's rows (results/schema.py CALIBRATION) from rank 0's message."""
+    """The calibration table's rows (results/storage/schema.py CALIBRATION) from rank 0's message."""
     common = {
         "sweep_id": ctx.sweep_id,
         "cluster": ctx.cluster,

@@ -1,5 +1,5 @@
 """Runs in the Tune trial: hands a worker group its rounds one at a time and decides between them (racing,
-`repeats: auto`). See results/racing.py for the rules, DESIGN.md for why this lives in the trial.
+`repeats: auto`). See results/analysis/racing.py for the rules, DESIGN.md for why this lives in the trial.
 
 The trial sees every row as it streams, so it knows when a round is complete; it then drops the cells the
 race shows slower, or ends the group once every curve is resolved, and puts the next round's (cell, repeat)
@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import pandas as pd
 
-from results import racing
+from results.analysis import racing
 from sweeps.plan.grid import Group
 
 Key = tuple[str, int]

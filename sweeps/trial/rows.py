@@ -1,11 +1,11 @@
-"""The one place a result row (the schema in results/schema.py) is assembled."""
+"""The one place a result row (the schema in results/storage/schema.py) is assembled."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
-from results.schema import COLUMNS
+from results.storage.schema import COLUMNS
 from sweeps.plan.grid import Cell, Slot
 
 MAX_ERROR_CHARS = 4000
@@ -26,7 +26,7 @@ class RowContext:
     order_seed: int
     group_started_at: datetime
     group_setup_s: float | None = None  # known once the workers announce their first cell
-    search: str = "grid"  # grid | race (results.racing) | model (sweeps.predict.modelsearch)
+    search: str = "grid"  # grid | race (results.analysis.racing) | model (sweeps.predict.modelsearch)
     chosen: dict | None = None  # search: model — cell id -> {"why", "predicted_ms"}
     target_rel: float | None = None  # repeats: auto — the difference its rounds aim to resolve
 

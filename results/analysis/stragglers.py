@@ -20,7 +20,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from results.uncertainty import _Z975, t_factor
+from results.analysis.uncertainty import _Z975, t_factor
 
 MIN_REL = 0.10
 """The least excess compute (10%) named a straggler, whatever the interval: GPUs of one model differ by about 8% on

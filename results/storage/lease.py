@@ -13,7 +13,7 @@ Two kinds, by filesystem, because they offer different primitives:
   thread every `ttl_s / 3` and deletes it on release; a holder that died leaves a lease that expires.
   The window this leaves (two writers whose read-backs both come before either write lands) is closed by
   the second wall: a compaction replaces its output only if that file is unchanged since it was read
-  (results.compaction), and the `ddpsweep run` refuses an id whose plan (`_sweep.json`) has appeared.
+  (results.storage.compaction), and the `ddpsweep run` refuses an id whose plan (`_sweep.json`) has appeared.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ The sandbox has several independent walls, so that one hole is not an escape:
   3. a wall-clock limit (the connection is interrupted) and a result-size limit;
   4. error messages are scrubbed of the server's paths (working directory, home, store root).
 
-Views: `results.views.VIEWS` names each and says what it holds.
+Views: `results.sql.views.VIEWS` names each and says what it holds.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING
 import duckdb
 import pyarrow as pa
 
-from results import isolation, reader
 from results.errors import QueryError, StoreNotFound
-from results.schema import SCHEMA
-from results.store import Store
+from results.sql import isolation
+from results.storage import reader
+from results.storage.schema import SCHEMA
+from results.storage.store import Store
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -96,7 +97,7 @@ def views_of(
         table = table.select([c for c in table.column_names if c in keep])
     rows = table.to_pandas() if _uses(sql, *ROW_VIEWS) else None
     if rows is not None:
-        from results import analysis
+        from results.analysis import cells as analysis
     if rows is not None and _uses(sql, *INTERVAL_COLUMNS, "cell_intervals"):
         out["cell_intervals"] = analysis.ok_cells(rows)[[*analysis.CONFIG_KEYS, *INTERVAL_COLUMNS]]
     if rows is not None and _uses(sql, *CELL_FLAGS):
@@ -104,7 +105,7 @@ def views_of(
         table = table.append_column("noisy", pa.array(analysis.noisy_rows(rows).to_numpy()))
     out["cells"] = table
     if _uses(sql, "alpha_beta"):
-        from results import costmodel
+        from results.model import costmodel
 
         frame = calibration.to_pandas() if isinstance(calibration, pa.Table) else calibration
         out["alpha_beta"] = costmodel.fits(frame).drop(columns=["curve_bytes", "curve_ms"], errors="ignore")
@@ -119,7 +120,7 @@ def views_of(
 
 def _predicted_views(rows: pd.DataFrame, calibration, profiles: pa.Table | None, u_curve) -> dict[str, pd.DataFrame]:
     """`predicted` (each measured DDP cell beside its prediction) and u_curve with each curve's accuracy."""
-    from results import predicted
+    from results.model import predicted
 
     frame = calibration.to_pandas() if isinstance(calibration, pa.Table) else calibration
     given = predicted.profiles_of(None if profiles is None else profiles.to_pandas())
@@ -130,7 +131,7 @@ def _predicted_views(rows: pd.DataFrame, calibration, profiles: pa.Table | None,
 
 def _cells_view() -> str:
     """`cells`: every row, with its configuration's interval (the same on every repeat of it)."""
-    from results.identity import CONFIG_KEYS
+    from results.analysis.identity import CONFIG_KEYS
 
     on = " AND ".join(f'c."{k}" IS NOT DISTINCT FROM i."{k}"' for k in CONFIG_KEYS)
     extra = ", ".join(f'i."{c}"' for c in INTERVAL_COLUMNS)
@@ -271,7 +272,7 @@ def query(
 ) -> pd.DataFrame:
     """Run one read-only SQL query over the store's views in this process (limits default to QUERY_TIMEOUT_S
     and MAX_RESULT_ROWS; `frames`: views already built). Raises QueryError with DuckDB's message, scrubbed of
-    server paths. Its memory is bounded by the caller (the CLI: results.isolation.limit_address_space)."""
+    server paths. Its memory is bounded by the caller (the CLI: results.sql.isolation.limit_address_space)."""
     check_read_only(sql)
     frames = frames if frames is not None else views(root, sql)
     table = query_arrow(
@@ -291,10 +292,10 @@ def query_in_child(
     rows_ipc: str, calibration_ipc: str, profiles_ipc: str, sql: str, *, timeout_s: float, max_rows: int
 ) -> pd.DataFrame:
     """Run `sql` over the rows, calibration and profiles in the Arrow IPC files in a child process under
-    results.isolation's limits (the child maps the server's cached rows and builds the views it needs, so the
+    results.sql.isolation's limits (the child maps the server's cached rows and builds the views it needs, so the
     analysis views' bootstraps are inside the deadline too); the result as a DataFrame, or QueryError."""
     args = (rows_ipc, calibration_ipc, profiles_ipc, sql, timeout_s, max_rows, isolation.MAX_RESULT_BYTES)
-    kind, payload = isolation.run_in_child(_query_in_child, args, timeout_s=timeout_s, preload=("results.query",))
+    kind, payload = isolation.run_in_child(_query_in_child, args, timeout_s=timeout_s, preload=("results.sql.query",))
     if kind == "error":
         raise QueryError(payload)
     return isolation.to_frame(pa.ipc.open_stream(payload).read_all())

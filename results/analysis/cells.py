@@ -7,7 +7,7 @@ Definitions (the seed post's):
 
 Every figure carries a 95% interval (`<figure>_ci_lo`, `<figure>_ci_hi`): a configuration's step time
 from a hierarchical bootstrap over its repeats and steps, and every derived figure computed on each
-bootstrap replicate of its inputs (see results/uncertainty.py).
+bootstrap replicate of its inputs (see results/analysis/uncertainty.py).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from contextlib import contextmanager
 import numpy as np
 import pandas as pd
 
-from results import identity
-from results.uncertainty import cell_replicates, interval, t_factor
+from results.analysis import identity
+from results.analysis.uncertainty import cell_replicates, interval, t_factor
 
-# What is one configuration, one baseline, one curve: derived from the knob table (results.identity)
+# What is one configuration, one baseline, one curve: derived from the knob table (results.analysis.identity)
 CONFIG_KEYS, BASELINE_KEYS, CURVE_KEYS = identity.CONFIG_KEYS, identity.BASELINE_KEYS, identity.CURVE_KEYS
 
 

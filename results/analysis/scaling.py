@@ -3,7 +3,7 @@
 For each series — one configuration but its placement (every knob of trainers.knobs but world size and nodes) —
 every topology
 (nodes x workers per node) measured with it: tokens/s and scaling efficiency, each with its 95% interval
-(propagated from the step-time bootstrap, results.analysis), the communication share of the step
+(propagated from the step-time bootstrap, results.analysis.cells), the communication share of the step
 (exposed communication / step), and where the sweep calibrated, the all-reduce bus bandwidth that
 topology's ranks reached at their largest calibrated message.
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from results import analysis
-from results.uncertainty import interval
+from results.analysis import cells as analysis
+from results.analysis.uncertainty import interval
 
 SERIES = [k for k in analysis.CONFIG_KEYS if k not in ("world_size", "num_nodes")]
 """One scaling series: every knob but the placement (a hook, timing or environment is a series of its own)."""

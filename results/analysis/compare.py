@@ -2,7 +2,7 @@
 verdict.
 
 A line is one configuration — every knob of trainers.knobs, the workload's fingerprint among them
-(results.identity.CONFIGURATION) — measured on both clusters; a configuration measured on one side only is
+(results.analysis.identity.CONFIGURATION) — measured on both clusters; a configuration measured on one side only is
 listed as such, never paired with another. The lines show the knobs that vary in the selection.
 A difference is `slower` or `faster` only when the 95% interval of the step-time ratio (b / a, from the two
 cells' bootstrap replicates, resampled independently) excludes 1; otherwise it is `same within noise`. Lines
@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from results import identity
-from results.analysis import ok_cells
+from results.analysis import identity
+from results.analysis.cells import ok_cells
+from results.analysis.uncertainty import interval
 from results.errors import UnknownSelection
-from results.uncertainty import interval
 
 POSITION = identity.CONFIGURATION
 """What is matched across clusters: the whole configuration."""

@@ -15,7 +15,9 @@ import pandas as pd
 from markupsafe import Markup
 from matplotlib.figure import Figure
 
-from results import analysis, identity, plots, recommend, scaling
+from results.analysis import cells as analysis
+from results.analysis import identity, recommend, scaling
+from results.render import plots
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
@@ -27,7 +29,7 @@ th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee;margin:0.5em 0}h2
 RENDER_LOCK = threading.Lock()
 
 PAGES = jinja2.Environment(
-    loader=jinja2.PackageLoader("results", "templates"),
+    loader=jinja2.PackageLoader("results.render", "templates"),
     autoescape=True,  # every stored value (labels, errors, a workload's path) is text on the page, never markup
     undefined=jinja2.StrictUndefined,
 )
@@ -56,7 +58,7 @@ def figures(
     calibration: pd.DataFrame | None = None,
     prediction: dict | None = None,
 ) -> dict[str, Figure]:
-    """The report's figures by file stem (only those the rows can support); `prediction` (results.predicted's
+    """The report's figures by file stem (only those the rows can support); `prediction` (results.model.predicted's
     comparison) adds each curve's predicted steps to the U-curve, dashed."""
     out = {}
     if calibration is not None and not calibration.empty:
@@ -99,7 +101,7 @@ def write_pngs(
 
 
 def _table(df: pd.DataFrame, columns: list[str]) -> Table | None:
-    """The named columns that `df` has, and every knob that varies in it (results.identity.with_varying), each
+    """The named columns that `df` has, and every knob that varies in it (results.analysis.identity.with_varying), each
     value as text (None: no rows)."""
     if df.empty:
         return None
@@ -156,7 +158,7 @@ NO_KNEE = "No knee: per-rank throughput never fell by 10% or more (its whole int
 
 def calibration_tables(rows: pd.DataFrame, calibration: pd.DataFrame) -> list[Section]:
     """The α–β fits, and each DDP cell's measured step beside what its own cluster's calibration predicts."""
-    from results import costmodel
+    from results.model import costmodel
 
     fits = costmodel.fits(calibration)
     pred = costmodel.predictions(analysis.with_baseline(rows, keep_reps=True), calibration)
@@ -205,7 +207,7 @@ PREDICTED_CELL_COLUMNS += ["prediction_error", "predicted_ms_fitted", "predictio
 
 def prediction_tables(prediction: dict) -> list[Section]:
     """Each curve's accuracy, then each cell's predicted step beside its measured one."""
-    from results import predicted
+    from results.model import predicted
 
     curves = predicted.accuracy_table(prediction)
     listed = curves["indistinguishable_mb"].map(lambda bs: ", ".join(f"{b:g}" for b in bs))
@@ -252,8 +254,8 @@ def render_html(
     prediction: dict | None = None,
 ) -> str:
     """The whole report as one HTML string (the sweep's own calibration used where there is one; `prediction`:
-    results.predicted's comparison), rendered from `results/templates/report.html` with every value escaped.
-    Every section reads one computation of the cells (analysis.computed_once)."""
+    results.model.predicted's comparison), rendered from `results/render/templates/report.html` with every value
+    escaped. Every section reads one computation of the cells (analysis.computed_once)."""
     with analysis.computed_once():
         return _render_html(rows, title, calibration, prediction)
 

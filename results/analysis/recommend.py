@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from results import analysis, identity, stragglers
-from results.paste import snippet
-from results.uncertainty import interval
+from results.analysis import cells as analysis
+from results.analysis import identity, stragglers
+from results.analysis.paste import snippet
+from results.analysis.uncertainty import interval
 
 DEFAULTS = identity.PYTORCH_DEFAULTS  # PyTorch's own value of every knob a user chooses (trainers.knobs)
 TRIO = ("bucket_cap_mb", "gradient_as_bucket_view", "no_sync")  # the knobs the default cell is looked up by
@@ -51,7 +52,7 @@ def recommend(rows: pd.DataFrame) -> list[dict]:
 
 
 def _stragglers(rows: pd.DataFrame) -> dict[tuple[str, str], list[dict]]:
-    """(cluster, sweep) -> its straggler devices (results.stragglers), each with its words."""
+    """(cluster, sweep) -> its straggler devices (results.analysis.stragglers), each with its words."""
     table = stragglers.stragglers(rows)
     out: dict[tuple[str, str], list[dict]] = {}
     for _, line in table[table["straggler"]].iterrows():
@@ -276,7 +277,7 @@ def _envs(rows: pd.DataFrame) -> dict[tuple[str, str], dict[str, str]]:
 
 
 def _config(r: pd.Series) -> dict:
-    """The knobs a user chooses (results.identity.CHOSEN), as plain values."""
+    """The knobs a user chooses (results.analysis.identity.CHOSEN), as plain values."""
     return {k.name: _value(k.kind, r.get(k.name, k.pytorch)) for k in identity.CHOSEN}
 
 

@@ -24,11 +24,11 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from results import reader
 from results.errors import LabelError, ResultsError, StoreFull, StoreNotFound, UnknownSelection
-from results.overlap import Profile
-from results.reader import FileStat
-from results.schema import CALIBRATION, conform_to, row_table
+from results.model.overlap import Profile
+from results.storage import reader
+from results.storage.reader import FileStat
+from results.storage.schema import CALIBRATION, conform_to, row_table
 
 PROFILES = pa.schema([("cluster", pa.string()), ("key", pa.string()), ("profile", pa.string())])
 
@@ -177,7 +177,7 @@ class Store:
 
     def read_profiles(self) -> pa.Table:
         """Every stored profile: (cluster, key, profile as JSON), for the views that set predictions beside
-        measurements (results.predicted). A file that is not a valid profile is skipped with a warning."""
+        measurements (results.model.predicted). A file that is not a valid profile is skipped with a warning."""
         rows = []
         for folder in self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True)):
             if folder.type != pafs.FileType.Directory or not folder.base_name.startswith("cluster="):
@@ -203,7 +203,7 @@ class Store:
         return None if text is None else json.loads(text)
 
     def _profile_text(self, path: str) -> str | None:
-        """A profile file's JSON where it holds a valid profile (results.overlap.Profile's checks), else None and
+        """A profile file's JSON where it holds a valid profile (results.model.overlap.Profile's checks), else None and
         one warning naming the file."""
         try:
             text = pq.read_table(path, filesystem=self.fs).column("profile")[0].as_py()
@@ -299,7 +299,7 @@ class Store:
         self, cluster: str | None = None, sweep: str | None = None, columns: list[str] | None = None
     ) -> pa.Table:
         """All rows as one table in SCHEMA (or only `columns`, plus those the reader checks), read in parallel
-        (see results.reader for the guarantees)."""
+        (see results.storage.reader for the guarantees)."""
         table = reader.combine(reader.read_files(self.fs, self.files(cluster, sweep), columns))
         return table if sweep is None else table.filter(pc.equal(table["sweep_id"], sweep))  # a pack holds many
 

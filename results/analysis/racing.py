@@ -24,12 +24,12 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
-from results import identity
-from results.uncertainty import cell_replicates, interval
+from results.analysis import identity
+from results.analysis.uncertainty import cell_replicates, interval
 
 ALPHA = 0.05  # the chance a race drops a cell that is not slower by more than its tolerance
 RACE_BOOT = 2000  # replicates per look (the bound is normal on their log ratios)
-# A curve inside one group: every knob but the bucket (results.identity.CURVE_KEYS, less cluster and sweep)
+# A curve inside one group: every knob but the bucket (results.analysis.identity.CURVE_KEYS, less cluster and sweep)
 CURVE_IN_GROUP = [k for k in identity.CURVE_KEYS if k not in ("cluster", "sweep_id")]
 
 

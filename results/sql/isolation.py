@@ -8,11 +8,11 @@ took a server to 15.6 GB), and its interrupt is not honoured inside them. So:
   allocation with an OutOfMemoryException, a clean QueryError) and holds a hard deadline that ends the
   process with one line and exit 2 if an interrupt is not honoured;
 - the server runs every query in a child forked from a forkserver that has the query code imported (about
-  30 ms a query: run_in_child, used by results.query.query_in_child) under the same memory limit; the
+  30 ms a query: run_in_child, used by results.sql.query.query_in_child) under the same memory limit; the
   server kills it at the deadline, and the result comes back as Arrow IPC of at most MAX_RESULT_BYTES. A bomb
   costs the child, never the server.
 
-This module knows nothing of queries: results.query uses it.
+This module knows nothing of queries: results.sql.query uses it.
 """
 
 from __future__ import annotations

@@ -26,10 +26,10 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from results.analysis.paste import ENV_NAME
 from results.errors import TooLarge
 from results.knobs import KNOBS
-from results.paste import ENV_NAME
-from results.schema import SCHEMA, conform_to
+from results.storage.schema import SCHEMA, conform_to
 
 log = logging.getLogger(__name__)
 REQUIRED = [f.name for f in SCHEMA if not f.nullable]
@@ -204,7 +204,7 @@ def latest_per_key(table: pa.Table) -> pa.Table:
     return table.take(pa.array(sorted(keep)))
 
 
-LABEL_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"  # results.store.valid_label: also no ".."
+LABEL_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"  # results.storage.store.valid_label: also no ".."
 
 
 def _labels_ok(column: pa.ChunkedArray) -> pa.ChunkedArray:

@@ -1,5 +1,5 @@
 """The SQL views `ddpsweep query` and `POST /query` see, with what each holds (no imports: the CLI's help
-names them without loading the query engine). `results.query` builds them; the docs' SQL reference lists them."""
+names them without loading the query engine). `results.sql.query` builds them; the docs' SQL reference lists them."""
 
 VIEWS: dict[str, str] = {
     "cells": "Every row, with every column of the results schema, plus its configuration's 95% interval "
@@ -25,7 +25,7 @@ VIEWS: dict[str, str] = {
     "relative error and its range, the tolerance; failed configurations first (left out of every answer).",
     "stragglers": "One line per device and sweep: its compute (no_sync forward + backward, per rank) against the "
     "other ranks' of the same measurements, as a ratio with its 95% interval, what it costs the others per step "
-    "(their wait beyond its own), and `straggler` where the interval lies wholly above 1 + results.stragglers."
+    "(their wait beyond its own), and `straggler` where the interval lies wholly above 1 + results.analysis.stragglers."
     "MIN_REL; `planted` where DDPSWEEP_SLOWDOWN planted it.",
     "calibration": "All-reduce time by message size on a group's own ranks (and the parameter broadcast), "
     "with algbw and busbw.",

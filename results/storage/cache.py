@@ -1,7 +1,7 @@
 """A store kept in memory for a long-running reader (the HTTP server, the dashboard).
 
 Rows are read once and refreshed incrementally: at most every `refresh_s` a request lists the store
-and reads only new or changed files (results.reader.RowCache); requests that arrive while another
+and reads only new or changed files (results.storage.reader.RowCache); requests that arrive while another
 thread refreshes are served from the previous snapshot. Filters by cluster and sweep are applied to
 the in-memory table, never by re-reading files.
 """
@@ -21,10 +21,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from results import isolation
 from results.errors import ResultsError, StoreNotFound, TooLarge, UnknownSelection
-from results.reader import RowCache
-from results.store import Store
+from results.sql import isolation
+from results.storage.reader import RowCache
+from results.storage.store import Store
 
 STORE_MAX_ROWS = 5_000_000  # rows a server keeps in memory: `serve --max-rows` (benchmarks/cells_memory.py)
 ANALYSIS_MAX_ROWS = 20_000  # rows a page, report, comparison or recommendation analyses (bootstraps)

@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from results import analysis, identity
+from results.analysis import cells as analysis
+from results.analysis import identity
 
 # Labels come from stored values (cluster folders, spec names): drawn as plain text, never as mathtext
 # (a folder named `m$\\frac{x$` made every report a 500).
@@ -63,7 +64,7 @@ def curve_label(curve: dict, panel: pd.DataFrame) -> str:
 def u_curve_figure(rows: pd.DataFrame, predicted: pd.DataFrame | None = None) -> Figure:
     """step_ms against bucket_cap_mb (log x): a panel per (cluster, gas), a line per curve (analysis.CURVE_KEYS:
     everything but the bucket), labelled by what differs between the panel's lines; with `predicted`
-    (results.predicted's cells), each curve's predicted steps dashed in its colour."""
+    (results.model.predicted's cells), each curve's predicted steps dashed in its colour."""
     t = _ddp_cells(rows)
     t = t[t["bucket_cap_mb"].notna()]
     clusters, gases = sorted(t["cluster"].unique()) or ["-"], sorted(t["gas"].unique()) or [1]
@@ -114,7 +115,7 @@ def _predicted_line(ax, predicted: pd.DataFrame | None, line: pd.DataFrame, colo
 
 def efficiency_figure(rows: pd.DataFrame) -> Figure:
     """Best scaling efficiency (over buckets) against world size, a line per configuration but its placement and
-    bucket (results.identity), labelled by what differs."""
+    bucket (results.analysis.identity), labelled by what differs."""
     t = _ddp_cells(rows)
     fig, ax = _subplots(figsize=(6, 4))
     sizes = sorted({1, *t["world_size"].dropna().astype(int)})
@@ -162,7 +163,7 @@ def no_sync_figure(rows: pd.DataFrame) -> Figure:
 
 def calibration_figure(calibration: pd.DataFrame) -> Figure:
     """busbw against message size (log x), a line per fit, with the α–β model's prediction dashed."""
-    from results import costmodel
+    from results.model import costmodel
 
     fig, ax = _subplots(figsize=(6.5, 4))
     for _, fit in costmodel.fits(calibration).iterrows():
@@ -215,8 +216,8 @@ def overlap_figure(rows: pd.DataFrame) -> Figure:
 
 def scaling_figure(table: pd.DataFrame) -> Figure:
     """tokens/s and scaling efficiency against world size (log2 x), with intervals; a line per series and
-    placement line (one node / W per node, see results.scaling.lines), knees circled in red."""
-    from results import scaling
+    placement line (one node / W per node, see results.analysis.scaling.lines), knees circled in red."""
+    from results.analysis import scaling
 
     fig, (tput, eff) = _subplots(1, 2, figsize=(11, 4.2))
     shown = ["cluster", "gas", "no_sync", "bucket_cap_mb"]

@@ -1,4 +1,4 @@
-"""Predicted beside measured: each measured DDP cell with the overlap model's step (results.overlap) from the
+"""Predicted beside measured: each measured DDP cell with the overlap model's step (results.model.overlap) from the
 cluster's stored profile of its workload and the newest calibration of its placement, its `prediction_error`,
 and per curve how far the model can be trusted: median |predicted / measured − 1|, Spearman's rank correlation,
 and whether the predicted best lies in the measured indistinguishable set.
@@ -19,10 +19,11 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from results import analysis, costmodel, overlap
-from results.identity import CONFIG_KEYS, CURVE_KEYS, config_text
+from results.analysis import cells as analysis
+from results.analysis.identity import CONFIG_KEYS, CURVE_KEYS, config_text
 from results.knobs import KNOBS, WORKLOAD
-from results.overlap import Profile
+from results.model import costmodel, overlap
+from results.model.overlap import Profile
 
 PROFILE_FIELDS = tuple(k.name for k in KNOBS if k.scope == WORKLOAD)
 """What a profile is of (with the device type and torch version): the workload, its shapes, the micro-batch."""

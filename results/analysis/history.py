@@ -3,7 +3,7 @@ beyond the noise flagged.
 
 The sweeps of one cluster are ordered by when they started. A new segment begins where any of VERSIONS differs
 from the sweep before (torch, CUDA, NCCL as it reports itself, the driver, Ray). For each pair of neighbouring
-segments, every configuration measured on both sides is pooled per side (results.analysis.ok_cells: its median
+segments, every configuration measured on both sides is pooled per side (results.analysis.cells.ok_cells: its median
 step and bootstrap replicates) and the step ratio after / before gets an interval. A line is flagged where that
 interval excludes 1 at a level corrected for the number of configurations compared (Bonferroni: 5% across all
 of them) and the change is beyond what the cluster's sweeps differ by without one: the spread of a configuration's
@@ -19,9 +19,10 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
-from results import analysis, identity
+from results.analysis import cells as analysis
+from results.analysis import identity
+from results.analysis.uncertainty import interval
 from results.errors import UnknownSelection
-from results.uncertainty import interval
 
 VERSIONS = ["torch_version", "cuda_version", "nccl_version", "driver_version", "ray_version"]
 """What splits a cluster's history: a change of any of these between two sweeps."""

@@ -1,15 +1,15 @@
 """The code to paste for a recommended configuration: DDP's keyword arguments, the communication hook, the
 compile settings in PyTorch's documented order, the `no_sync()` pattern and the environment variables, each
-line as the sweep measured it (`results.recommend` sets it beside every curve's verdict)."""
+line as the sweep measured it (`results.analysis.recommend` sets it beside every curve's verdict)."""
 
 from __future__ import annotations
 
 import re
 import shlex
 
-from results import identity
+from results.analysis import identity
 
-ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*")  # a variable's name (results.reader drops rows with any other)
+ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*")  # a variable's name (results.storage.reader drops rows with any other)
 FIRST = ("bucket_cap_mb", "gradient_as_bucket_view")  # always written; DDP's other keywords only off their default
 
 

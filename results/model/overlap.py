@@ -1,7 +1,7 @@
 """The DDP overlap model: a step's time from one profiled micro-step, DDP's bucket layout and the all-reduce cost.
 
 Pure (numpy only): the inputs are a `Profile` (trainers.profile measures it on one rank, outside DDP), the
-cell's knobs and t(bytes), the all-reduce time of a message on the cell's placement (results.costmodel fits it
+cell's knobs and t(bytes), the all-reduce time of a message on the cell's placement (results.model.costmodel fits it
 to a calibration). For one micro-step:
 
     buckets     DDP's assignment (reducer.cpp, compute_bucket_assignment_by_size) over the gradients in the order

@@ -6,7 +6,7 @@ after: every reader pays a round trip per file. `compact_sweep` writes every row
 `compacted.parquet` (sorted by cell and repeat, zstd, row-group statistics), atomically (temporary name,
 then rename), and only then deletes the row files it read.
 
-The rule that keeps readers exact at every moment (results.reader): a (cluster, sweep, cell, repeat) held
+The rule that keeps readers exact at every moment (results.storage.reader): a (cluster, sweep, cell, repeat) held
 by both the compacted file and a row file is read once, the row that finished last winning. So a
 compaction killed after its write and before (or during) its deletions leaves duplicates on disk that no
 reader sees, and a row re-measured after compaction (`--resume` of an error row) replaces the compacted
@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from results import reader
 from results.errors import ResultsError
-from results.lease import LeaseHeld, lease
-from results.store import COMPACTED, Store, valid_label
+from results.storage import reader
+from results.storage.lease import LeaseHeld, lease
+from results.storage.store import COMPACTED, Store, valid_label
 
 log = logging.getLogger(__name__)
 ROW_GROUP_ROWS = 65_536  # a sweep rarely has more rows: one row group, statistics per column
@@ -96,7 +96,7 @@ def compact_cluster(store: Store, cluster: str) -> Compaction:
 def _merge(
     store: Store, folder: str, inputs: list[reader.FileStat], removable: list[reader.FileStat], order: list[str]
 ) -> tuple[int, int]:
-    """Read `inputs` (each row once, results.reader), write them sorted by `order` as folder/COMPACTED
+    """Read `inputs` (each row once, results.storage.reader), write them sorted by `order` as folder/COMPACTED
     (atomically), then delete the `removable` files whose rows all went into it and that are unchanged
     since (unreadable, alien, impossible or mis-filed ones stay where a person can look at them).
     Returns (rows written, files removed).
