@@ -110,7 +110,7 @@ def column_docs() -> dict[str, str]:
     from sweeps.spec.sweep import knob_docs
 
     comments: dict[str, str] = {}
-    for line in (ROOT / "results" / "schema.py").read_text().splitlines():
+    for line in (ROOT / "results" / "storage" / "schema.py").read_text().splitlines():
         m = FIELD_LINE.search(line) or KNOB_LINE.search(line)
         if m and m.group(2):
             comments.setdefault(m.group(1), m.group(2).strip())
