@@ -18,8 +18,15 @@ def ddp_cell(topology: str):
 
 
 def ranks(*nodes: str) -> list[dict]:
-    """A placement as the workers gather it: one entry per rank, on the named nodes."""
-    return [{"host": "h", "node": n, "ip": f"10.0.0.{ord(n[-1]) % 250}", "network": {"node_ip": n}} for n in nodes]
+    """A placement as the workers gather it: one entry per rank, on the named nodes (local ranks counted per
+    node, one GPU each)."""
+    out, seen = [], {}
+    for n in nodes:
+        local = seen[n] = seen.get(n, -1) + 1
+        ip = f"10.0.0.{ord(n[-1]) % 250}"
+        out.append({"host": f"host-{n}", "node": n, "ip": ip, "network": {"node_ip": n}})
+        out[-1] |= {"local_rank": local, "device": f"0000:{0x1B + local:02x}:00.0"}
+    return out
 
 
 def test_placement_info_counts_ranks_per_node_and_keeps_one_network_per_node():
@@ -27,6 +34,8 @@ def test_placement_info_counts_ranks_per_node_and_keeps_one_network_per_node():
     assert (info["nodes"], info["ranks_per_node"]) == (2, [2, 2])
     assert info["rank_nodes"] == ["10.0.0.97", "10.0.0.98", "10.0.0.97", "10.0.0.98"]  # in rank order
     assert json.loads(info["network"]) == [{"node_ip": "a"}, {"node_ip": "b"}]
+    assert info["rank_hosts"] == ["host-a", "host-b"] * 2 and info["rank_local_ranks"] == [0, 0, 1, 1]
+    assert info["rank_devices"] == ["0000:1b:00.0", "0000:1b:00.0", "0000:1c:00.0", "0000:1c:00.0"]
 
 
 def test_a_placement_that_is_not_the_topology_is_an_error():

@@ -181,3 +181,10 @@ def test_the_dashboards_sweep_page_names_the_straggler(straggler_store):
     assert "<h2>Ranks</h2>" in page and "<li>straggler: node-b local rank 1 (0000:1c:00.0): compute 1." in page
     table = page[page.index("id='ranks'") :]
     assert table.count("<tr>") == 9  # a header and the 8 devices
+
+
+def test_compiled_cells_name_the_straggler_without_a_cost():
+    """Compiled cells carry no wait (their probes run eager): the straggler is named, its cost said unmeasured."""
+    rows = crafted_rows(0, {1: 0.3}).assign(rank_wait_ms=None)
+    (said,) = stragglers.summary_lines(rows)
+    assert said.startswith("straggler: node-a local rank 1") and said.endswith("its cost unmeasured (compiled cells)")

@@ -8,7 +8,8 @@ time therefore cannot say which rank was slow; these figures can.
 - wait: the rank's own median timed step minus its compute of the step's `gas` micro-steps: what the step spent
   beyond this rank's own forward and backward (waiting for the slowest rank at the synchronization, communication
   the backward did not hide, the optimizer step). A straggler's wait is the shortest; the others' is longer by
-  what the straggler costs them.
+  what the straggler costs them. None on compiled cells: the probes run eager (a compiled `no_sync` variant
+  would compile again), so they compare ranks but are not the compiled step's compute.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
-from trainers.replica import Replica, autocast, gather_all, micro_step_context
+from trainers.replica import Replica, autocast, gather_all
 
 PROBES = 5  # untimed no_sync micro-steps per rank and cell
 
@@ -49,13 +50,15 @@ def _ranges(cores: list[int]) -> str:
 
 
 def _compute_once(rep: Replica, sync) -> float:
-    """One untimed-step micro-batch's forward and backward on this rank with no synchronization; ms."""
-    no_sync = rep.module.no_sync() if rep.cfg.mode == "ddp" else nullcontext()
+    """One micro-batch's forward and backward on this rank with no synchronization, eager (a compiled cell's
+    `no_sync` variant would compile again); ms."""
+    module = getattr(rep.module, "_orig_mod", rep.module)  # the eager wrapper under torch.compile's
+    no_sync = module.no_sync() if rep.cfg.mode == "ddp" else nullcontext()
     sync()
     t0 = time.perf_counter()
-    with no_sync, micro_step_context(rep):
+    with no_sync:
         with autocast(rep.device):
-            loss = rep.workload.loss(rep.module, rep.batches[0])
+            loss = rep.workload.loss(module, rep.batches[0])
         (loss / rep.cfg.gas).backward()
     sync()
     return (time.perf_counter() - t0) * 1e3
@@ -72,4 +75,5 @@ def rank_figures(rep: Replica, sync, own_step_ms: list[float]) -> dict:
     rep.opt.zero_grad(set_to_none=True)
     wait = statistics.median(own_step_ms) - rep.cfg.gas * statistics.median(samples)
     every = gather_all([*samples, wait], rep.device, rep.group)
-    return {"rank_compute_ms": [r[:PROBES] for r in every], "rank_wait_ms": [r[PROBES] for r in every]}
+    waits = None if rep.cfg.compile else [r[PROBES] for r in every]  # an eager probe against a compiled step: none
+    return {"rank_compute_ms": [r[:PROBES] for r in every], "rank_wait_ms": waits}

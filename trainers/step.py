@@ -135,9 +135,9 @@ def _run_cell(
         dist.barrier(group=group)
     activity = rep.compiled.activity() if rep.compiled else 0
     times, own, converged, steps = timed_phase(cfg, rep, device, sync, extras.slowdown)
-    counted |= rank_figures(rep, sync, own) if distributed(cfg) else {}
     if rep.compiled:
         counted |= compiled_figures(rep, compile_s, rep.compiled.activity() - activity)
+    counted |= rank_figures(rep, sync, own) if distributed(cfg) else {}
     traced = traced_steps(rep, sync) if cfg.trace_comm and cfg.mode == "ddp" else {}
     in_sync, checked = True, GradCheck(OFF)
     if distributed(cfg):

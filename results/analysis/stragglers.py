@@ -48,7 +48,8 @@ def rank_lines(rows: pd.DataFrame) -> pd.DataFrame:
 
 def _row_lines(row: pd.Series) -> list[list]:
     compute = np.array([list(s) for s in row["rank_compute_ms"]], dtype=float)  # (ranks, probes) ms
-    wait = np.asarray(row["rank_wait_ms"], dtype=float)  # (ranks,) ms
+    given = row["rank_wait_ms"]  # none on compiled cells (trainers.perrank)
+    wait = np.full(len(compute), np.nan) if given is None else np.asarray(given, dtype=float)  # (ranks,) ms
     if compute.ndim != 2 or len(compute) < 2 or len(row["rank_hosts"]) != len(compute) or compute.min() <= 0:
         return []
     planted = row.get("injected_slowdown_rank")
@@ -105,6 +106,7 @@ def named(line: pd.Series) -> str:
     where = f"{line['host']} local rank {int(line['local_rank'])} ({line['device']})"
     slower = f"compute {line['ratio']:.2f}x its peers' [{line['ratio_lo']:.2f}, {line['ratio_hi']:.2f}]"
     cost = f"the others wait {line['cost_ms']:.1f} ms per step for it ({line['cost_rel']:.0%} of the step)"
+    cost = cost if math.isfinite(line["cost_ms"]) else "its cost unmeasured (compiled cells)"
     plant = " [planted: DDPSWEEP_SLOWDOWN]" if line["planted"] else ""
     return f"{where}: {slower}; {cost}{plant}"
 

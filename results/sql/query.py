@@ -47,11 +47,11 @@ def views(root: str, sql: str | None = None) -> dict[str, pd.DataFrame | object]
 INTERVAL_COLUMNS = ["step_ms_ci_lo", "step_ms_ci_hi", "n_repeats", "n_steps"]
 CELL_FLAGS = ["round_drifted", "noisy"]
 ANALYSES = {  # view -> the results function that builds it from rows (imported only when a query needs one)
-    "cells_vs_baseline": "analysis.with_baseline",
-    "u_curve": "analysis.u_curve",
-    "no_sync_gain": "analysis.no_sync_gain",
-    "gradient_checks": "analysis.gradient_checks",
-    "stragglers": "stragglers.stragglers",
+    "cells_vs_baseline": "analysis.cells.with_baseline",
+    "u_curve": "analysis.cells.u_curve",
+    "no_sync_gain": "analysis.cells.no_sync_gain",
+    "gradient_checks": "analysis.cells.gradient_checks",
+    "stragglers": "analysis.stragglers.stragglers",
 }
 
 
@@ -111,7 +111,7 @@ def views_of(
         out["alpha_beta"] = costmodel.fits(frame).drop(columns=["curve_bytes", "curve_ms"], errors="ignore")
     for name, where in ANALYSES.items():
         if rows is not None and _uses(sql, name):
-            module, function = where.split(".")
+            module, function = where.rsplit(".", 1)
             out[name] = getattr(importlib.import_module(f"results.{module}"), function)(rows)
     if rows is not None and _uses(sql, *PREDICTED):
         out |= _predicted_views(rows, calibration, profiles, out.get("u_curve"))

@@ -16,7 +16,7 @@ from sweeps.spec.sweep import SpecError, SweepSpec, spec_from_dict
 MAX_SPEC_BYTES = 256 * 1024  # as the HTTP API's body limit
 
 
-SPECS = Path(__file__).resolve().parent / "specs"  # the specs that ship with ddpsweep
+SPECS = Path(__file__).resolve().parent.parent / "specs"  # the specs that ship with ddpsweep (sweeps/specs)
 PACKAGED = re.compile(r"[a-z][a-z0-9_]*")
 
 
