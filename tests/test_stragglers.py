@@ -114,7 +114,8 @@ def test_rows_without_per_rank_figures_give_no_line():
     assert stragglers.summary_lines(crafted_rows(0, {}).assign(rank_compute_ms=None)) == []
 
 
-def test_the_summary_recommend_and_the_sql_view_name_the_straggler(straggler_store):
+def test_the_summary_recommend_the_report_and_the_sql_view_name_the_straggler(straggler_store):
+    from results.render.report import render_html
     from results.sql.query import query
     from results.storage.store import load
     from sweeps.driver.summary import summary_text
@@ -124,6 +125,8 @@ def test_the_summary_recommend_and_the_sql_view_name_the_straggler(straggler_sto
     assert {(s["host"], s["local_rank"]) for r in recs for s in r["stragglers"]} == {("node-b", 1)}
     assert "  straggler: node-b local rank 1 (0000:1c:00.0): compute 1." in to_text(recs)
     assert "\nstraggler: node-b local rank 1 (0000:1c:00.0): compute 1." in summary_text(rows)
+    html = render_html(rows, "r")
+    assert "<p>straggler: node-b local rank 1 (0000:1c:00.0): compute 1." in html
     view = query(straggler_store, "select host, local_rank, rows, straggler from stragglers")
     assert len(view) == 8 and list(view.iloc[0]) == ["node-b", 1, 7, True] and view["straggler"].sum() == 1
 

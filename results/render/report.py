@@ -190,6 +190,7 @@ def _recommendations(rows: pd.DataFrame) -> list[dict]:
             "snippet": r["snippet"],
             "check": r["gradient_check"],
             "excluded": [f"{recommend.describe(c)}: {c['reason']}" for c in r["excluded"]],
+            "stragglers": [s["text"] for s in r["stragglers"]],
         }
         for r in recommend.recommend(rows)
     ]
