@@ -49,12 +49,11 @@ def main() -> None:
             f"{f.max_rel_residual:.0%} -> predictions use the {f.uses}"
         )
     curve = analysis.u_curve(rows)
-    pred = costmodel.predictions(analysis.with_baseline(rows), calibration)
+    fit = costmodel.fits(calibration).iloc[0]
+    predicted = float(costmodel.predict_ms(fit, [int(rows["grad_bytes"].dropna().iloc[0])])[0])
     print("\nsingle-bucket overhead, measured (largest bucket - baseline) vs predicted t(gradient bytes):")
     for c in curve.itertuples():
-        p = pred[(pred["gas"] == c.gas) & (pred["no_sync"] == c.no_sync)].iloc[0]
         m, lo, hi = c.single_bucket_overhead_ms, c.single_bucket_overhead_ms_ci_lo, c.single_bucket_overhead_ms_ci_hi
-        predicted = p["predicted_single_bucket_ms"]
         print(
             f"  gas={c.gas} no_sync={c.no_sync}: measured {m:.2f} ms [{lo:.2f}, {hi:.2f}], predicted "
             f"{predicted:.2f} ms, predicted / measured {predicted / m:.2f}"

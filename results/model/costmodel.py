@@ -62,37 +62,3 @@ def predict_ms(fit: pd.Series, sizes_bytes: list[int] | np.ndarray) -> np.ndarra
     last_rate = fit["curve_ms"][-1] / fit["curve_bytes"][-1]  # ms per byte at the largest size
     beyond = m > fit["curve_bytes"][-1]
     return np.where(beyond, fit["curve_ms"][-1] + (m - fit["curve_bytes"][-1]) * last_rate, inside)
-
-
-WIRE_FRACTION = {"none": 1.0, "fp16": 0.5, "bf16": 0.5}  # bytes on the wire / fp32 gradient bytes
-
-
-def wire_fraction(line: pd.Series) -> float:
-    """The fraction of a bucket's bytes a cell's hook all-reduces: 1 (none), 0.5 (fp16, bf16); NaN for
-    PowerSGD, whose factors' bytes depend on every matrix's shape (`trace_comm` measures them:
-    comm_bytes_per_step), so no prediction is made for it."""
-    return WIRE_FRACTION.get(str(line.get("comm_hook", "none")), float("nan"))
-
-
-def predictions(cells: pd.DataFrame, calibration: pd.DataFrame) -> pd.DataFrame:
-    """For each DDP cell (`with_baseline` lines with their `bucket_sizes_bytes`): the predicted all-reduce
-    time of a step (Σ over its buckets), the no-overlap bound (baseline + that), and the predicted
-    single-bucket cost t(grad_bytes), beside the measured step time."""
-    table = fits(calibration)
-    out = cells.merge(table, on=FIT_KEYS, how="inner")
-    if out.empty:
-        return out
-    per_step, single = [], []
-    for _, line in out.iterrows():
-        wire = wire_fraction(line)
-        sizes = line["bucket_sizes_bytes"]
-        sent = np.asarray(sizes, dtype=float) * wire if sizes is not None and len(sizes) else None
-        per_step.append(float(predict_ms(line, sent).sum()) if sent is not None and wire == wire else np.nan)
-        single.append(float(predict_ms(line, [line["grad_bytes"] * wire])[0]) if wire == wire else np.nan)
-    out["predicted_allreduce_ms"], out["predicted_single_bucket_ms"] = per_step, single
-    out["no_overlap_bound_ms"] = out["baseline_step_ms"] + out["predicted_allreduce_ms"]
-    # measured exposed communication / predicted all-reduce of the step, with the measurement's interval
-    for suffix in ("", "_ci_lo", "_ci_hi"):
-        if f"exposed_comm_ms{suffix}" in out:
-            out[f"measured_over_predicted{suffix}"] = out[f"exposed_comm_ms{suffix}"] / out["predicted_allreduce_ms"]
-    return out.drop(columns=["curve_bytes", "curve_ms"])

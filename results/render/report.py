@@ -139,8 +139,6 @@ def _with_intervals(df: pd.DataFrame, names: list[str]) -> pd.DataFrame:
 
 
 FIT_COLUMNS = ["cluster", "world_size", "num_nodes", "backend", "alpha_us", "beta_gbps", "max_rel_residual"]
-PREDICTED_COLUMNS = ["cluster", "world_size", "gas", "no_sync", "bucket_cap_mb", "step_ms", "baseline_step_ms"]
-PREDICTED_COLUMNS += ["predicted_allreduce_ms", "no_overlap_bound_ms", "exposed_comm_ms", "measured_over_predicted"]
 SCALING_COLUMNS = ["cluster", "gas", "no_sync", "bucket_cap_mb", "topology", "world_size", "step_ms", "tokens_per_s"]
 SCALING_COLUMNS += ["efficiency", "vs_previous", "comm_share", "busbw_gbps", "knee", "n_repeats"]
 CURVE_COLUMNS = ["cluster", "world_size", "gas", "no_sync", "best_bucket_cap_mb", "indistinguishable_buckets_mb"]
@@ -157,18 +155,12 @@ NO_KNEE = "No knee: per-rank throughput never fell by 10% or more (its whole int
 
 
 def calibration_tables(rows: pd.DataFrame, calibration: pd.DataFrame) -> list[Section]:
-    """The α–β fits, and each DDP cell's measured step beside what its own cluster's calibration predicts."""
+    """The α–β fits of the sweep's own calibration (each cell's predicted step: the overlap model's section)."""
     from results.model import costmodel
 
     fits = costmodel.fits(calibration)
-    pred = costmodel.predictions(analysis.with_baseline(rows, keep_reps=True), calibration)
     fit_table = _table(fits.assign(alpha_us=fits["alpha_ms"] * 1e3), [*FIT_COLUMNS, "n_sizes", "uses"])
-    sections = [Section("Calibration: the α–β model per group of ranks", fit_table)]
-    if pred.empty:
-        return sections
-    shown = _with_intervals(pred, ["step_ms", "exposed_comm_ms", "measured_over_predicted"])
-    table = _table(shown, [*PREDICTED_COLUMNS, "predicted_single_bucket_ms"])
-    return [*sections, Section("Measured vs predicted (the sweep's own calibration)", table)]
+    return [Section("Calibration: the α–β model per group of ranks", fit_table)]
 
 
 def scaling_tables(rows: pd.DataFrame, calibration: pd.DataFrame | None) -> list[Section]:
