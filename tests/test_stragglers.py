@@ -15,7 +15,7 @@ from results.analysis import stragglers
 from results.analysis.recommend import recommend, to_text
 from tests.dist_helpers import run_world
 from trainers.config import StepConfig
-from trainers.perrank import PROBES, _ranges, device_id
+from trainers.perrank import PROBES, core_list, device_id
 from trainers.step import Extras, run_cell
 
 CPU = torch.device("cpu")
@@ -132,7 +132,7 @@ def test_the_summary_recommend_the_report_and_the_sql_view_name_the_straggler(st
 
 
 def test_device_ids_name_the_core_set_on_cpu():
-    assert _ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8" and _ranges([3]) == "3"
+    assert core_list([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8" and core_list([3]) == "3"
     assert device_id(CPU).startswith("cpu:") and device_id(CPU)[4:].replace("-", "").replace(",", "").isdigit()
 
 

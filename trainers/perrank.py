@@ -35,10 +35,10 @@ def device_id(device: torch.device) -> str:
         if None not in bus:
             return f"{bus[0]:04x}:{bus[1]:02x}:{bus[2]:02x}.0"
         return f"cuda:{device.index}"
-    return "cpu:" + _ranges(sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [])
+    return "cpu:" + core_list(sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [])
 
 
-def _ranges(cores: list[int]) -> str:
+def core_list(cores: list[int]) -> str:
     """[0, 1, 2, 5] -> '0-2,5' (as taskset prints a core list)."""
     spans: list[list[int]] = []
     for c in cores:
