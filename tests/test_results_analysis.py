@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 from results.analysis import cells as analysis
@@ -54,3 +55,24 @@ def test_repeats_are_aggregated_by_median_and_errors_ignored(tmp_path):
     table = analysis.with_baseline(load(str(tmp_path)))
     assert list(table["bucket_cap_mb"]) == [25.0]
     assert table.iloc[0]["baseline_step_ms"] == 122.2
+
+
+def test_a_report_bootstraps_each_configuration_once(monkeypatch):
+    """Every section of a report reads one computation of the cells: one bootstrap per configuration."""
+    from results.analysis import cells
+    from results.render.report import render_html
+    from tests.seed_rows import seed_rows
+
+    bootstrapped: list[int] = []
+    real = cells.cell_replicates
+
+    def counted(rows, keys, *args, **kwargs):
+        out = real(rows, keys, *args, **kwargs)
+        bootstrapped.append(len(out))
+        return out
+
+    monkeypatch.setattr(cells, "cell_replicates", counted)
+    rows = pd.DataFrame(seed_rows())
+    html = render_html(rows, "seed")
+    assert "best bucket" in html.lower()
+    assert bootstrapped == [rows["cell_id"].nunique()]  # 8 configurations, each once
