@@ -1,4 +1,4 @@
-"""What a store of N rows costs the server, and what one large /cells download adds (issue 39, item 9).
+"""What a store of N rows costs the server, and what one large /cells download adds.
 
     python benchmarks/cells_memory.py                   # 100,000 and 500,000 rows
     python benchmarks/cells_memory.py --rows 20000      # quicker

@@ -1,4 +1,4 @@
-"""Results at scale (issue 13): a generated store of many rows, read uncompacted and compacted, side by side.
+"""Results at scale: a generated store of many rows, read uncompacted and compacted, side by side.
 
     python benchmarks/store_at_scale.py                 # 100,000 rows (writing them takes a few minutes)
     python benchmarks/store_at_scale.py --rows 20000    # quicker
@@ -99,7 +99,7 @@ def cli_latency(root: str, n: int = 7) -> None:
 
 
 def sequential_reader(store: Store, paths: list[str]) -> float:
-    """The reader before issue 13: one pq.read_table after another, each conformed, then concatenated."""
+    """The plain reader: one pq.read_table after another, each conformed, then concatenated."""
     start = time.perf_counter()
     pa.concat_tables([conform(pq.read_table(p, filesystem=store.fs)) for p in paths])
     return time.perf_counter() - start

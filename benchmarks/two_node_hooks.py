@@ -1,4 +1,4 @@
-"""The slow-link knobs on a real rate-limited link (issue 19), side by side in one run.
+"""The slow-link knobs on a real rate-limited link, side by side in one run.
 
     sudo .venv/bin/python benchmarks/two_node_hooks.py [--rate 100mbit]
 

@@ -1,4 +1,4 @@
-"""Issue 11: every row records where its ranks ran; a placement that is not the cell's topology is an
+"""Every row records where its ranks ran; a placement that is not the cell's topology is an
 error row, never a mis-filed measurement; each node's network fingerprint is recorded."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 13: compaction keeps every row exactly once (also when killed halfway, also for resumed sweeps),
+"""Compaction keeps every row exactly once (also when killed halfway, also for resumed sweeps),
 the parallel reader keeps the per-file guarantees, the server's cache refreshes incrementally, and the
 query limits answer clearly through the CLI and HTTP."""
 

@@ -1,4 +1,4 @@
-"""Issue 11: object storage for real — a local S3-compatible server (moto's, on loopback) behind pyarrow's
+"""Object storage for real — a local S3-compatible server (moto's, on loopback) behind pyarrow's
 own S3 filesystem. A sweep writes its rows to s3://, --resume reads them back, query / report / compare
 / scaling and the HTTP API read them, and a truncated object is skipped with a warning."""
 

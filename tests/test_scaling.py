@@ -1,4 +1,4 @@
-"""Issue 11: the scaling report — tokens/s and efficiency by topology with intervals, busbw where the sweep
+"""The scaling report — tokens/s and efficiency by topology with intervals, busbw where the sweep
 calibrated, the knee flagged only where efficiency falls significantly; in the CLI, report and compare."""
 
 from __future__ import annotations

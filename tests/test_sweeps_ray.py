@@ -238,9 +238,7 @@ def test_a_race_drops_planted_slow_cells_and_auto_rounds_stop_once_resolved(faul
     decide = "search: race\nmin_rounds: 3\nmax_rounds: 6\n"
     spec = parse_spec(spec_text(buckets="[0.25, 1, 25]", repeats="auto") + decide)
     fast, *slow = [c for c in expand(spec) if c.step.mode == "ddp"]
-    # timed steps 10x as long. While `slowed` slept a fraction of a rank's own step (which includes waiting out
-    # the peer's sleep) the slow cells' steps compounded (0.4 -> 14.6 s in 3 steps), the race's bound had no
-    # power, `auto` resolved at round 3 and no row said `eliminated_at_round` (CI, 2026-12-01; 1 drop of 4 here)
+    # timed steps 10x as long: a difference the race resolves within max_rounds on this noisy machine
     monkeypatch.setenv(SLOWDOWN_ENV, ",".join(f"{c.cell_id}=9" for c in slow))
     rows = execute(plan_sweep(spec, results=str(tmp_path))).rows
     assert {(r["search"], r["target_rel"], r["status"]) for r in rows} == {("race", 0.02, "ok")}

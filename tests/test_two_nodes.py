@@ -1,4 +1,4 @@
-"""Issue 11: a real two-node Ray cluster on this machine whose inter-node link has a known rate.
+"""A real two-node Ray cluster on this machine whose inter-node link has a known rate.
 
 benchmarks/two_node_cluster.sh builds two network namespaces joined by a veth pair shaped with tc tbf
 (link-local addresses, no default route: nothing leaves the pair), with a Ray head in one and a worker
