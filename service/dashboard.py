@@ -23,6 +23,7 @@ from results.analysis import history as history_mod
 from results.analysis import identity, recommend, scaling, stragglers
 from results.model import predicted
 from results.storage.cache import ANALYSIS_MAX_ROWS, CachedStore
+from results.values import number
 from service.clusterstate import ClusterState
 from service.svg import Point, Series, line_chart
 from sweeps.driver import machine
@@ -131,10 +132,6 @@ def sweeps_page() -> str:
     )
 
 
-def _finite(v) -> float | None:
-    return float(v) if v is not None and not pd.isna(v) and math.isfinite(float(v)) else None
-
-
 def curve_series(cells: pd.DataFrame, y: str, label: str = "", predicted: pd.DataFrame | None = None) -> list[Series]:
     """One series per curve (analysis.CURVE_KEYS) over bucket_cap_mb, with the y interval where known; the name
     says what differs from the other series (hook, timing, sweep, …) beside world, nodes, gas and no_sync.
@@ -167,9 +164,9 @@ def _by_curve(predicted: pd.DataFrame | None, keys: list[str]) -> dict[str, pd.D
 
 def _points(frame: pd.DataFrame, x: str, y: str) -> list[Point]:
     return [
-        Point(float(r[x]), float(r[y]), _finite(r.get(f"{y}_ci_lo")), _finite(r.get(f"{y}_ci_hi")))
+        Point(float(r[x]), float(r[y]), number(r.get(f"{y}_ci_lo")), number(r.get(f"{y}_ci_hi")))
         for _, r in frame.iterrows()
-        if _finite(r[y]) is not None
+        if number(r[y]) is not None
     ]
 
 

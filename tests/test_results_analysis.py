@@ -76,3 +76,18 @@ def test_a_report_bootstraps_each_configuration_once(monkeypatch):
     html = render_html(rows, "seed")
     assert "best bucket" in html.lower()
     assert bootstrapped == [rows["cell_id"].nunique()]  # 8 configurations, each once
+
+
+def test_values_are_plain_finite_and_json_safe():
+    import json
+    import math
+
+    import numpy as np
+
+    from results.values import json_safe, number, plain
+
+    assert plain(np.float64(1.5)) == 1.5 and type(plain(np.int32(3))) is int and plain(float("nan")) is None
+    assert plain(pd.NA) is None and plain(np.array([1, 2])) == [1, 2]
+    assert number("2.5") == 2.5 and number(math.inf) is None and number(None) is None and number(pd.NA) is None
+    nested = {"a": [np.float64("nan"), np.array([1.0, np.inf])], 1: (np.int64(2), None)}
+    assert json.loads(json.dumps(json_safe(nested), allow_nan=False)) == {"a": [None, [1.0, None]], "1": [2, None]}

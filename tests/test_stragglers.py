@@ -147,7 +147,6 @@ def test_every_rank_reports_its_compute_and_wait_and_a_planted_rank_is_slower(tm
     fast, slow = (statistics.median(p) for p in m.rank_compute_ms)
     assert slow > 1.4 * fast  # twice the compute planted; the median probe of each rank
     assert m.rank_wait_ms[0] > m.rank_wait_ms[1]  # rank 0 waits for rank 1 at every step
-    assert m.step_ms > slow  # the step holds the slow rank's compute
 
 
 def test_single_cells_carry_no_rank_figures(tmp_path):

@@ -18,6 +18,7 @@ from results.analysis import identity
 from results.analysis.cells import ok_cells
 from results.analysis.uncertainty import interval
 from results.errors import UnknownSelection
+from results.values import plain
 
 POSITION = identity.CONFIGURATION
 """What is matched across clusters: the whole configuration."""
@@ -50,13 +51,8 @@ def _per_cluster(rows: pd.DataFrame, cluster: str) -> pd.DataFrame:
 
 def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
     """`frame` with `_key`: its configuration as one text (nulls and numpy types spelled alike on both sides)."""
-    keys = [repr(tuple(_plain(v) for v in r)) for r in frame[POSITION].itertuples(index=False)]
+    keys = [repr(tuple(plain(v) for v in r)) for r in frame[POSITION].itertuples(index=False)]
     return frame.assign(_key=keys)
-
-
-def _plain(v: object) -> object:
-    v = v.item() if hasattr(v, "item") else v
-    return None if v is None or (isinstance(v, float) and v != v) else v
 
 
 def _verdict(lo: float, hi: float) -> str:

@@ -21,6 +21,7 @@ from results.analysis import cells as analysis
 from results.analysis import identity, stragglers
 from results.analysis.paste import snippet
 from results.analysis.uncertainty import interval
+from results.values import json_safe, number, plain
 
 DEFAULTS = identity.PYTORCH_DEFAULTS  # PyTorch's own value of every knob a user chooses (trainers.knobs)
 TRIO = ("bucket_cap_mb", "gradient_as_bucket_view", "no_sync")  # the knobs the default cell is looked up by
@@ -56,8 +57,8 @@ def _stragglers(rows: pd.DataFrame) -> dict[tuple[str, str], list[dict]]:
     table = stragglers.stragglers(rows)
     out: dict[tuple[str, str], list[dict]] = {}
     for _, line in table[table["straggler"]].iterrows():
-        found = {k: _plain(line[k]) for k in ("host", "device", "local_rank", "ratio", "ratio_lo", "ratio_hi")}
-        found |= {"cost_ms": _plain(line["cost_ms"]), "text": stragglers.named(line)}
+        found = {k: plain(line[k]) for k in ("host", "device", "local_rank", "ratio", "ratio_lo", "ratio_hi")}
+        found |= {"cost_ms": plain(line["cost_ms"]), "text": stragglers.named(line)}
         out.setdefault((line["cluster"], line["sweep_id"]), []).append(found)
     return out
 
@@ -86,8 +87,8 @@ def numerics(r: pd.Series) -> dict:
         return {"grad_check": None}
     return {
         "grad_check": str(r["grad_check"]),
-        "grad_rel_error": _num(r.get("grad_rel_error")),
-        "grad_rel_error_range": [_num(r.get("grad_rel_error_min")), _num(r.get("grad_rel_error_max"))],
+        "grad_rel_error": number(r.get("grad_rel_error")),
+        "grad_rel_error_range": [number(r.get("grad_rel_error_min")), number(r.get("grad_rel_error_max"))],
         "grad_checks": int(r.get("grad_checks", 0)),
     }
 
@@ -96,7 +97,7 @@ def _curve(curve: dict, grp: pd.DataFrame, env: dict[str, str]) -> dict:
     grp = grp.reset_index(drop=True)
     best = grp.loc[grp["step_ms"].idxmin()]
     default, default_note = _default_cell(_at_default_knobs(grp))
-    out = {k: _plain(v) for k, v in curve.items()} | {
+    out = {k: plain(v) for k, v in curve.items()} | {
         "topology": f"{int(curve['num_nodes'])}x{int(curve['world_size']) // int(curve['num_nodes'])}",
         "cells": len(grp),
         "n_repeats": int(grp["n_repeats"].min()),
@@ -212,7 +213,7 @@ def _gain(best: pd.Series, default: pd.Series | None) -> dict:
         return {"gain": None, "gain_ci_lo": None, "gain_ci_hi": None}
     ratio = np.asarray(default["step_ms_reps"], dtype=float) / np.asarray(best["step_ms_reps"], dtype=float)
     lo, hi = interval(ratio - 1)
-    return {"gain": default["step_ms"] / best["step_ms"] - 1, "gain_ci_lo": _num(lo), "gain_ci_hi": _num(hi)}
+    return {"gain": default["step_ms"] / best["step_ms"] - 1, "gain_ci_lo": number(lo), "gain_ci_hi": number(hi)}
 
 
 def _verdict(out: dict, best: pd.Series, default: pd.Series | None) -> Verdict:
@@ -242,7 +243,7 @@ def _verdict(out: dict, best: pd.Series, default: pd.Series | None) -> Verdict:
 
 def _resolution(grp: pd.DataFrame, best: pd.Series) -> dict:
     res = analysis.resolution(grp, best)
-    return {"min_resolvable_rel": _num(res["min_resolvable_rel"]), "rounds_for_target": res["rounds_for_target"]}
+    return {"min_resolvable_rel": number(res["min_resolvable_rel"]), "rounds_for_target": res["rounds_for_target"]}
 
 
 def _more_rounds(out: dict) -> str:
@@ -293,18 +294,18 @@ def _timing(r: pd.Series) -> dict:
     samples = float(r["samples_per_s"] * r["step_ms"] / 1e3)  # samples per step
     out = {
         "step_ms": float(r["step_ms"]),
-        "step_ms_ci_lo": _num(r["step_ms_ci_lo"]),
-        "step_ms_ci_hi": _num(r["step_ms_ci_hi"]),
+        "step_ms_ci_lo": number(r["step_ms_ci_lo"]),
+        "step_ms_ci_hi": number(r["step_ms_ci_hi"]),
     }
     out["samples_per_s"] = float(r["samples_per_s"])
-    out["samples_per_s_ci_lo"] = _num(samples / (r["step_ms_ci_hi"] / 1e3))
-    out["samples_per_s_ci_hi"] = _num(samples / (r["step_ms_ci_lo"] / 1e3))
+    out["samples_per_s_ci_lo"] = number(samples / (r["step_ms_ci_hi"] / 1e3))
+    out["samples_per_s_ci_hi"] = number(samples / (r["step_ms_ci_lo"] / 1e3))
     if pd.notna(r.get("tokens_per_s")):
         tokens = float(r["tokens_per_s"] * r["step_ms"] / 1e3)
         out |= {
             "tokens_per_s": float(r["tokens_per_s"]),
-            "tokens_per_s_ci_lo": _num(tokens / (r["step_ms_ci_hi"] / 1e3)),
-            "tokens_per_s_ci_hi": _num(tokens / (r["step_ms_ci_lo"] / 1e3)),
+            "tokens_per_s_ci_lo": number(tokens / (r["step_ms_ci_hi"] / 1e3)),
+            "tokens_per_s_ci_hi": number(tokens / (r["step_ms_ci_lo"] / 1e3)),
         }
     return out
 
@@ -341,33 +342,9 @@ def _pct(x: float | None) -> str:
     return "?" if x is None else f"{x * 100:+.1f}%"
 
 
-def _num(x: object) -> float | None:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
-
-
-def _plain(v: object) -> object:
-    """A JSON-able value (numpy scalars become Python ones)."""
-    return v.item() if isinstance(v, np.generic) else v
-
-
 def to_json(recs: list[dict]) -> str:
     """Valid JSON: a number that is not finite is null (JSON has no NaN or Infinity)."""
-    return json.dumps(_finite(recs), indent=1, default=_plain, allow_nan=False)
-
-
-def _finite(v: object) -> object:
-    v = _plain(v)
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_finite(x) for x in v]
-    return v
+    return json.dumps(json_safe(recs), indent=1, allow_nan=False)
 
 
 def to_text(recs: list[dict]) -> str:

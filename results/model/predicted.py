@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -24,6 +23,7 @@ from results.analysis.identity import CONFIG_KEYS, CURVE_KEYS, config_text
 from results.knobs import KNOBS, WORKLOAD
 from results.model import costmodel, overlap
 from results.model.overlap import Profile
+from results.values import plain
 
 PROFILE_FIELDS = tuple(k.name for k in KNOBS if k.scope == WORKLOAD)
 """What a profile is of (with the device type and torch version): the workload, its shapes, the micro-batch."""
@@ -40,16 +40,9 @@ Profiles = Mapping[tuple[str, str], Profile]  # (cluster, profile key) -> profil
 Cost = Callable[[int], float]  # bytes -> ms
 
 
-def _plain(v: object) -> object:
-    """A knob value as JSON writes it whether it came from a dataclass or a Parquet row (numpy, NaN: null)."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return None
-    return v.item() if hasattr(v, "item") else v
-
-
 def profile_key(knobs: Mapping, device: str, torch_version: str) -> str:
     """The key a profile of these knobs (a StepConfig's or a row's) is stored under."""
-    what = [_plain(knobs[f]) for f in PROFILE_FIELDS]
+    what = [plain(knobs[f]) for f in PROFILE_FIELDS]
     return hashlib.sha256(json.dumps([*what, device, torch_version]).encode()).hexdigest()[:16]
 
 
@@ -96,7 +89,7 @@ def predict_one(knobs: Mapping, prof: Profile, t: Cost | None, slowdown: float =
         synced = 1 if no_sync else gas
         predicted = compute * gas + comm * synced + prof.optimizer_ms * slowdown
         return {"predicted_ms": predicted, "comm_ms": comm, "exposed_ms": comm}
-    buckets = overlap.layout_for(prof, float(knobs["bucket_cap_mb"]), _plain(knobs.get("first_bucket_mb")))
+    buckets = overlap.layout_for(prof, float(knobs["bucket_cap_mb"]), plain(knobs.get("first_bucket_mb")))
     step = overlap.predict_step(prof, buckets, t, gas=gas, no_sync=no_sync, hook=knobs["comm_hook"], slowdown=slowdown)
     sizes = tuple(sum(prof.nbytes[i] for i in b) for b in buckets)  # bytes per bucket, in the order they fill
     return {"predicted_ms": step.step_ms, "comm_ms": step.comm_ms, "exposed_ms": step.exposed_ms, "bucket_bytes": sizes}

@@ -24,6 +24,7 @@ from results.analysis.identity import CURVE_KEYS, CURVE_KNOBS, config_text
 from results.errors import ResultsError
 from results.model import predicted
 from results.storage.store import Store, load, load_calibration
+from results.values import number
 from sweeps.plan.grid import Cell
 from sweeps.predict import steps as predict
 from sweeps.spec.sweep import SweepSpec
@@ -78,7 +79,7 @@ def choose(spec: SweepSpec, cells: list[Cell], store: Store, cluster: str, addre
     error = DEFAULT_ERROR if error is None else error
     whys = dict(zip(table["cell_id"], _whys(table, spec.model_k, error), strict=True))
     steps = dict(zip(table["cell_id"], table["predicted_ms"], strict=True))
-    chosen = {c.cell_id: {"why": whys[c.cell_id], "predicted_ms": _num(steps[c.cell_id])} for c in cells}
+    chosen = {c.cell_id: {"why": whys[c.cell_id], "predicted_ms": number(steps[c.cell_id])} for c in cells}
     chosen = {k: v for k, v in chosen.items() if v["why"] is not None}
     skipped = _skipped(table, set(chosen))
     return Choice(chosen=chosen, error=error, error_from=source, grid_cells=len(cells), skipped=skipped)
@@ -104,7 +105,7 @@ def _whys(table: pd.DataFrame, model_k: int | None, error: float) -> list[str | 
             whys[i] = "baseline (single worker)"
         elif r.mode != "ddp":
             whys[i] = f"mode {r.mode}: not a bucket curve"
-        elif _num(r.predicted_ms) is None:
+        elif number(r.predicted_ms) is None:
             whys[i] = f"not modeled ({r.note})"
     ddp = table[(table["mode"] == "ddp") & table["predicted_ms"].notna()]
     for _, curve in ddp.groupby([c for c in CURVE_KNOBS if c in table], dropna=False):
@@ -145,10 +146,6 @@ def same_layout(table: pd.DataFrame) -> dict[str, str]:
             n = len(curve.at[i, "bucket_bytes"])
             out[curve.at[i, "cell_id"]] = f"same {n} bucket(s) as {by_layout[layout[i]]:g} MB: the same step"
     return out
-
-
-def _num(v: object) -> float | None:
-    return None if v is None or pd.isna(v) else float(v)
 
 
 def summary_line(choice: Choice) -> str:
