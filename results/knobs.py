@@ -1,6 +1,7 @@
-"""The knob table as results reads it: the one declaration (trainers.knobs, torch-free) and how values read.
+"""The declarations results reads from trainers, in one place: the knob table (trainers.knobs) and the fields of a
+measurement (trainers.measurement), both torch-free; and how knob values read.
 
-results imports the torch-free modules of trainers (the table, the presets, the errors), never torch or Ray.
+Every other module of results imports them from here, never trainers, torch or Ray.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from trainers.knobs import (  # noqa: F401 — re-exported for results' modules
     WORKLOAD,
     Knob,
 )
+from trainers.measurement import Measurement  # noqa: F401 — re-exported: results.storage.schema's columns
 
 
 def at_default(knob: Knob, value: Any) -> bool:

@@ -7,8 +7,7 @@ import typing
 
 import pyarrow as pa
 
-from results.knobs import BY_NAME, KNOBS, STEP_KNOBS, UNSET, Knob
-from trainers.measurement import Measurement
+from results.knobs import BY_NAME, KNOBS, STEP_KNOBS, UNSET, Knob, Measurement
 
 _TS = pa.timestamp("us", tz="UTC")
 
