@@ -1,4 +1,5 @@
-"""The dashboard: HTML pages over the same cached store as the API (server-rendered SVG, no external assets).
+"""The dashboard: HTML pages over the same cached store as the API (the report's figures as inline SVG, no
+external assets).
 
 /                          every sweep in the store (local runs included), merged with Ray Jobs where a
                            cluster is attached; the table refreshes itself every 2 s from /ui/sweeps.json
@@ -22,24 +23,21 @@ from results.analysis import compare as compare_mod
 from results.analysis import history as history_mod
 from results.analysis import identity, recommend, scaling, stragglers
 from results.model import predicted
+from results.render import plots, report
 from results.storage.cache import ANALYSIS_MAX_ROWS, CachedStore
-from results.values import number
 from service.clusterstate import ClusterState
-from service.svg import Point, Series, line_chart
 from sweeps.driver import machine
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em 2em;color:#222;max-width:1280px}
 table{border-collapse:collapse;font-size:13px;margin:.6em 0}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}
 th{background:#f4f4f4}td.l,th.l{text-align:left}nav a{margin-right:1em}.charts{display:flex;flex-wrap:wrap;gap:12px}
-.chart{border:1px solid #eee;background:#fff}.chart .axis{stroke:#444}.chart .grid{stroke:#eee}
-.chart .tick,.chart .legend{font-size:11px;fill:#333}.chart .label{font-size:12px;fill:#333}
-.chart .title{font-size:13px;font-weight:600}.point:hover{r:6}.err{color:#b00}.empty{color:#777}"""
+.chart{border:1px solid #eee;background:#fff;max-width:100%;height:auto}.err{color:#b00}.empty{color:#777}"""
 
 
 TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("service", "templates"),
-    autoescape=True,  # every value is text unless marked safe (the SVG charts, already escaped by service.svg)
+    autoescape=True,  # every value is text unless marked safe (the SVG charts, whose text ElementTree escaped)
     undefined=jinja2.StrictUndefined,
 )
 
@@ -132,44 +130,6 @@ def sweeps_page() -> str:
     )
 
 
-def curve_series(cells: pd.DataFrame, y: str, label: str = "", predicted: pd.DataFrame | None = None) -> list[Series]:
-    """One series per curve (analysis.CURVE_KEYS) over bucket_cap_mb, with the y interval where known; the name
-    says what differs from the other series (hook, timing, sweep, …) beside world, nodes, gas and no_sync.
-    With `predicted` (results.model.predicted's cells), each curve's predicted steps follow it, dashed."""
-    ddp = cells[(cells["mode"] == "ddp") & cells["bucket_cap_mb"].notna()]
-    several = ddp["num_nodes"].nunique() > 1
-    keys = [k for k in analysis.CURVE_KEYS if k != "cluster"]
-    model = _by_curve(predicted, keys)
-    out = []
-    for key, g in ddp.groupby(keys, dropna=False):
-        curve = dict(zip(keys, key, strict=True))
-        world, nodes, gas = curve["world_size"], curve["num_nodes"], curve["gas"]
-        where = f"{nodes}x{world // nodes}" if several else f"w={world}"
-        name = f"{label}{where} gas={gas}{' no_sync' if curve['no_sync'] else ''}"
-        extra = analysis.varying(curve, ddp, shown=("world_size", "num_nodes", "gas", "no_sync"))
-        out.append(Series(" ".join([name, *extra]), _points(g, "bucket_cap_mb", y)))
-        mine = model.get(identity.config_text(g.head(1), keys)[0])
-        if mine is not None:
-            out.append(Series(f"{out[-1].name} predicted", _points(mine, "bucket_cap_mb", "predicted_ms"), True))
-    return out
-
-
-def _by_curve(predicted: pd.DataFrame | None, keys: list[str]) -> dict[str, pd.DataFrame]:
-    """The predicted cells of each curve, by the curve's configuration as text."""
-    if predicted is None or predicted.empty:
-        return {}
-    predicted = predicted[predicted["predicted_ms"].notna()]
-    return {k: g for k, g in predicted.groupby(identity.config_text(predicted, keys))}
-
-
-def _points(frame: pd.DataFrame, x: str, y: str) -> list[Point]:
-    return [
-        Point(float(r[x]), float(r[y]), number(r.get(f"{y}_ci_lo")), number(r.get(f"{y}_ci_hi")))
-        for _, r in frame.iterrows()
-        if number(r[y]) is not None
-    ]
-
-
 SCALING_COLUMNS = ["gas", "no_sync", "bucket_cap_mb", "topology", "step_ms", "tokens_per_s", "efficiency"]
 SCALING_COLUMNS += ["vs_previous", "vs_previous_ci_lo", "vs_previous_ci_hi", "busbw_gbps", "knee", "knee_why"]
 BEST_COLUMNS = ["world_size", "gas", "no_sync", "best_bucket_cap_mb", "indistinguishable_buckets_mb"]
@@ -183,28 +143,8 @@ CHECK_COLUMNS += ["grad_rel_error_min", "grad_rel_error_max", "grad_tol", "grad_
 
 
 def scaling_context(rows: pd.DataFrame, calibration: pd.DataFrame) -> dict:
-    """Efficiency vs world size, a line per series and placement line (one node / W per node), and the knee
-    table."""
-    table = scaling.scaling(rows, calibration)
-    shown = ["gas", "no_sync", "bucket_cap_mb"]
-    named = [*shown, *(k for k in identity.varying(table, scaling.SERIES) if k not in shown)]
-    series = [
-        Series(
-            f"{identity.labels(dict(zip(scaling.SERIES, k, strict=True)), named)} {label}",
-            _points(line, "world_size", "efficiency"),
-        )
-        for k, grp in table.groupby(scaling.SERIES, dropna=False)
-        for label, line in scaling.lines(grp).items()
-    ]
-    chart = line_chart(
-        series,
-        title="strong-scaling efficiency by topology",
-        log_x=True,
-        x_label="world size",
-        y_label="efficiency",
-        chart_id="scaling",
-    )
-    return {"chart": markupsafe.Markup(chart), "table": table_context(table, SCALING_COLUMNS, "scaling_table")}
+    """The knee table of scaling by topology (its figure is among the charts)."""
+    return {"table": table_context(scaling.scaling(rows, calibration), SCALING_COLUMNS, "scaling_table")}
 
 
 def table_context(df: pd.DataFrame, columns: list[str], table_id: str) -> dict:
@@ -232,38 +172,25 @@ def sweep_page(cache: CachedStore, cluster: str, sweep: str) -> str:
 
 
 def sweep_context(cache: CachedStore, rows: pd.DataFrame, cluster: str, sweep: str) -> dict:
-    """What the sweep page shows: counts and links, the U-curve and efficiency charts, the best bucket per
-    curve, the recommendation, scaling by topology, the no_sync gain, the calibration and the errors."""
-    cells = analysis.with_baseline(rows)
+    """What the sweep page shows: counts and links, the report's figures, the best bucket per curve, the
+    recommendation, scaling by topology, the no_sync gain, the gradient checks, the ranks and the errors."""
     errors = rows[rows["status"] == "error"]
     checks = analysis.gradient_checks(rows)
     cal = cache.calibration(cluster, sweep)
     gain = analysis.no_sync_gain(rows)
     model = prediction(cache, rows, cluster)
-    charts = [
-        curve_chart(
-            cells,
-            "step_ms",
-            "U-curve: step time vs bucket" + (" (dashed: predicted)" if model else ""),
-            "step ms (median, 95% interval)",
-            "u_curve",
-            None if model is None else model["cells"],
-        ),
-        curve_chart(cells, "efficiency", "scaling efficiency vs bucket", "efficiency", "efficiency"),
-    ]
     return {
         "cluster": cluster,
         "sweep": sweep,
         "n_rows": len(rows),
         "n_errors": len(errors),
         "n_planted": int(analysis.planted(rows).sum()),
-        "charts": charts,
+        "charts": charts(rows, cal, model),
         "best": table_context(analysis.u_curve(rows), BEST_COLUMNS, "best"),
         "prediction": None if model is None else accuracy_context(model),
         "recs": recommend.recommend(rows),
         "scaling": scaling_context(rows, cal) if scaling.topologies(rows) > 1 else None,
         "no_sync": None if gain.empty else table_context(gain, NO_SYNC_COLUMNS, "no_sync"),
-        "calibration": None if cal.empty else calibration_chart(cal),
         "errors": None if errors.empty else table_context(errors, ERROR_COLUMNS, "errors"),
         "checks": None if checks.empty else table_context(checks, CHECK_COLUMNS, "grad_check"),
         "n_failed_checks": int((checks["grad_check"] == "failed").sum()),
@@ -294,29 +221,11 @@ def accuracy_context(model: dict[str, pd.DataFrame]) -> dict:
     return table_context(predicted.accuracy_table(model), predicted.ACCURACY_COLUMNS, "prediction")
 
 
-def curve_chart(
-    cells: pd.DataFrame, y: str, title: str, y_label: str, chart_id: str, predicted: pd.DataFrame | None = None
-) -> markupsafe.Markup:
-    series = curve_series(cells, y, predicted=predicted)
-    chart = line_chart(series, title=title, log_x=True, x_label="bucket_cap_mb", y_label=y_label, chart_id=chart_id)
-    return markupsafe.Markup(chart)  # service.svg escapes every text it draws
-
-
-def calibration_chart(cal: pd.DataFrame) -> markupsafe.Markup:
-    ar = cal[cal["kind"] == "all_reduce"]
-    pts = [
-        Series(f"{n}x{w // n}", [Point(r["size_bytes"] / 2**20, r["busbw_gbps"]) for _, r in g.iterrows()])
-        for (w, n), g in ar.groupby(["world_size", "num_nodes"])
-    ]
-    chart = line_chart(
-        pts,
-        title="calibration: all-reduce bus bandwidth",
-        log_x=True,
-        x_label="message MiB",
-        y_label="busbw GB/s",
-        chart_id="calibration",
-    )
-    return markupsafe.Markup(chart)
+def charts(rows: pd.DataFrame, calibration: pd.DataFrame, model: dict | None) -> list[markupsafe.Markup]:
+    """The report's figures (results.render.report.figures) as inline SVG, one per figure, ids by figure."""
+    with report.RENDER_LOCK:
+        drawn = report.figures(rows, calibration, model)
+        return [markupsafe.Markup(plots.svg(fig, stem)) for stem, fig in drawn.items()]  # ElementTree escapes text
 
 
 def _compared(cache: CachedStore, by: str, label: str) -> pd.DataFrame:
@@ -334,16 +243,8 @@ def compare_page(cache: CachedStore, a: str | None, b: str | None, by: str = "cl
     context |= {"title": f"compare {a} vs {b}" if a and b else f"compare two {by}s", "chart": None, "table": None}
     if a and b:
         rows = pd.concat([_compared(cache, by, a), _compared(cache, by, b)], ignore_index=True)
-        cells = analysis.with_baseline(rows)
-        series = [s for c in (a, b) for s in curve_series(cells[cells["cluster"] == c], "step_ms", f"{c}: ")]
-        chart = line_chart(
-            series,
-            title=f"U-curves: {a} vs {b}",
-            log_x=True,
-            x_label="bucket_cap_mb",
-            y_label="step ms (median, 95% interval)",
-            chart_id="compare_curves",
-        )
+        with report.RENDER_LOCK:
+            chart = plots.svg(plots.u_curve_figure(rows, overlay=True), "compare_curves")
         compared = compare_mod.compare(rows, a, b)
         context |= {
             "chart": markupsafe.Markup(chart),

@@ -147,7 +147,7 @@ def test_the_sweep_page_draws_the_stored_medians(browser, server, store_dir):
     stored = load(store_dir, cluster="ci")
     sweep = stored["sweep_id"].iloc[0]
     browser.get(f"{server}/ui/sweep/ci/{sweep}")
-    points = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#u_curve circle.point"))
+    points = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#u_curve .point"))
     cells = analysis.with_baseline(stored)
     expected = sorted(cells[cells["mode"] == "ddp"]["step_ms"])
     drawn = sorted(float(p.get_attribute("data-y")) for p in points)

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from results.storage.store import Store
 from service.cli import app
+from tests.test_dashboard import drawn
 
 SPEC = """name: p
 cluster: lab
@@ -132,7 +133,6 @@ def query(root: str, sql: str) -> list[dict]:
 def test_the_views_the_page_and_the_report_set_predictions_beside_measurements(tmp_path):
     """After a sweep on a cluster with a stored profile: the `predicted` view (CLI and the server's child), the
     u_curve view's accuracy columns, the sweep page's dashed predicted lines and table, the report's sections."""
-    import re
 
     import pytest
     from fastapi.testclient import TestClient
@@ -156,11 +156,10 @@ def test_the_views_the_page_and_the_report_set_predictions_beside_measurements(t
     got = client.post("/query", json={"sql": sql}, headers={"Authorization": "Bearer t"}).json()
     assert got == [{"n": 9}]  # the server's query child has the profiles too
     page = client.get("/ui/sweep/lab/m-1").text
-    chart = re.findall(r"id='u_curve'.*?</svg>", page, re.S)[0]
-    dashed = re.findall(r"stroke-dasharray='6 4'/>(.*?)</g>", chart, re.S)
+    dashed = [ys for name, ys in drawn(page, "u_curve") if name.endswith(" predicted")]
     assert len(dashed) == 3  # one predicted line per curve
-    drawn = sorted(float(y) for line in dashed for y in re.findall(r"data-y='([^']+)'", line))
-    assert drawn == pytest.approx(sorted(truth[truth.index.isin([c["cell_id"] for c in cells])]), rel=1e-5)
+    points = sorted(y for ys in dashed for y in ys)
+    assert points == pytest.approx(sorted(truth[truth.index.isin([c["cell_id"] for c in cells])]), rel=1e-5)
     assert "id='prediction'" in page and "Predicted beside measured" in page
     html = tmp_path / "report.html"
     out = CliRunner().invoke(app, ["report", "--out", str(html), "--results", root])

@@ -1,10 +1,14 @@
-"""matplotlib figures over result rows.
+"""matplotlib figures over result rows: the report's PNGs and the dashboard's inline SVG are the same figures.
 
 Figures are plain `matplotlib.figure.Figure` objects, never pyplot: pyplot's global figure manager is not
 thread-safe, and the HTTP server renders reports for concurrent requests on a thread pool.
 """
 
 from __future__ import annotations
+
+import io
+import math
+import xml.etree.ElementTree as ET
 
 import matplotlib
 import numpy as np
@@ -17,6 +21,10 @@ from results.analysis import identity
 # Labels come from stored values (cluster folders, spec names): drawn as plain text, never as mathtext
 # (a folder named `m$\\frac{x$` made every report a 500).
 matplotlib.rcParams["text.parse_math"] = False
+matplotlib.rcParams["svg.fonttype"] = "none"  # text stays text in the SVG (small, searchable)
+SVG_NS, XLINK_NS = "http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink"
+ET.register_namespace("", SVG_NS)
+ET.register_namespace("xlink", XLINK_NS)
 
 
 def _subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float], squeeze: bool = True):
@@ -43,7 +51,49 @@ def errorbar(ax, x, y, lo, hi, fmt: str = "-o", **kw) -> str:
     # a percentile interval need not contain the point estimate (skewed replicates): never a negative bar
     yerr = np.nan_to_num(np.clip([y - lo, hi - y], 0, None))
     bars = ax.errorbar(list(x), y, yerr=yerr, fmt=fmt, capsize=3, **kw)
+    _points(bars.lines[0], kw.get("label", ""), list(x), y, lo, hi)
     return bars.lines[0].get_color()
+
+
+def _points(line, label: str, x, y, lo=None, hi=None) -> None:
+    """Remember the drawn points of `line` (series `label`) on its figure, for `svg`'s data attributes and hover
+    titles."""
+    n = len(y)
+    lo, hi = (np.full(n, np.nan) if v is None else pd.Series(v, dtype=float).to_numpy() for v in (lo, hi))
+    pts = [(float(a), float(b), c, d) for a, b, c, d in zip(x, y, lo, hi, strict=True)]
+    line.figure.__dict__.setdefault("drawn_points", []).append((line, label, pts))
+
+
+def svg(fig: Figure, chart_id: str) -> str:
+    """The figure as inline SVG with id `chart_id`. Each line drawn by `errorbar` (or a prediction) is a
+    `g.series` with its label in data-series; each of its points carries data-x, data-y and a <title> that
+    hover shows: the series, x, the value and its 95% interval."""
+    drawn = fig.__dict__.get("drawn_points", [])
+    for i, (line, _, _) in enumerate(drawn):
+        line.set_gid(f"{chart_id}-{i}")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="svg", metadata={"Date": None})
+    root = ET.fromstring(buf.getvalue())
+    groups = {g.get("id"): g for g in root.iter(f"{{{SVG_NS}}}g")}
+    for line, label, pts in drawn:
+        group = groups.get(line.get_gid())
+        if group is not None:
+            _annotate(group, line, label, [p for p in pts if math.isfinite(p[0]) and math.isfinite(p[1])])
+    root.set("id", chart_id)
+    root.set("class", "chart")
+    return ET.tostring(root, encoding="unicode")
+
+
+def _annotate(group: ET.Element, line, label: str, pts: list[tuple[float, float, float, float]]) -> None:
+    x_label, y_label = line.axes.get_xlabel(), line.axes.get_ylabel()
+    group.set("class", "series")
+    group.set("data-series", label)
+    for use, (x, y, lo, hi) in zip(group.iter(f"{{{SVG_NS}}}use"), pts, strict=False):
+        interval = f" [{lo:.4g}, {hi:.4g}]" if math.isfinite(lo) and math.isfinite(hi) else ""
+        use.set("class", "point")
+        use.set("data-x", f"{x:g}")
+        use.set("data-y", f"{y:.6g}")
+        ET.SubElement(use, f"{{{SVG_NS}}}title").text = f"{label}: {x_label} {x:g} → {y_label} {y:.4g}{interval}"
 
 
 def _mark_indistinguishable(ax, line: pd.DataFrame, color: str) -> None:
@@ -61,40 +111,40 @@ def curve_label(curve: dict, panel: pd.DataFrame) -> str:
     return ", ".join([f"{curve['world_size']} ranks", f"no_sync={bool(curve['no_sync'])}", *extra])
 
 
-def u_curve_figure(rows: pd.DataFrame, predicted: pd.DataFrame | None = None) -> Figure:
+def u_curve_figure(rows: pd.DataFrame, predicted: pd.DataFrame | None = None, *, overlay: bool = False) -> Figure:
     """step_ms against bucket_cap_mb (log x): a panel per (cluster, gas), a line per curve (analysis.CURVE_KEYS:
     everything but the bucket), labelled by what differs between the panel's lines; with `predicted`
-    (results.model.predicted's cells), each curve's predicted steps dashed in its colour."""
+    (results.model.predicted's cells), each curve's predicted steps dashed in its colour. `overlay`: a panel per
+    gas, the clusters' curves in it, each label led by its cluster (two clusters compared)."""
     t = _ddp_cells(rows)
     t = t[t["bucket_cap_mb"].notna()]
-    clusters, gases = sorted(t["cluster"].unique()) or ["-"], sorted(t["gas"].unique()) or [1]
+    clusters = ["all"] if overlay else sorted(t["cluster"].unique()) or ["-"]
+    gases = sorted(t["gas"].unique()) or [1]
     fig, axes = _subplots(len(clusters), len(gases), figsize=(5.5 * len(gases), 3.8 * len(clusters)), squeeze=False)
     for (i, cluster), (j, gas) in ((ci, gj) for ci in enumerate(clusters) for gj in enumerate(gases)):
-        ax, sub = axes[i][j], t[(t["cluster"] == cluster) & (t["gas"] == gas)]
+        in_panel = (t["gas"] == gas) & ((t["cluster"] == cluster) | overlay)  # overlay: every cluster's
+        ax, sub = axes[i][j], t[in_panel]
         keys = [k for k in analysis.CURVE_KEYS if k not in ("cluster", "gas")]
-        for key, line in sub.groupby(keys, dropna=False):
-            line = line.sort_values("bucket_cap_mb")
+        for key, line in sub.groupby(["cluster", *keys], dropna=False):
+            line, curve = line.sort_values("bucket_cap_mb"), dict(zip(keys, key[1:], strict=True))
+            label = curve_label(curve, sub)
             color = errorbar(
                 ax,
                 line["bucket_cap_mb"],
                 line["step_ms"],
                 line["step_ms_ci_lo"],
                 line["step_ms_ci_hi"],
-                label=curve_label(dict(zip(keys, key, strict=True)), sub),
+                label=f"{key[0]}: {label}" if overlay else label,
             )
             _mark_indistinguishable(ax, line, color)
-            _predicted_line(ax, predicted, line, color)
-        base = sub.dropna(subset=["baseline_step_ms"])
-        if not base.empty:
-            scaled = " (gas x gas-1 run)" if base["baseline_source"].iloc[0] == "gas1_scaled" else ""
-            ax.axhline(
-                base["baseline_step_ms"].iloc[0], color="grey", linestyle="--", label=f"single-worker baseline{scaled}"
-            )
+            _predicted_line(ax, predicted, line, color, label)
+        _baseline(ax, sub)
+        title = f"gas={gas}" if overlay else f"{cluster}: gas={gas}"
         ax.set(
             xscale="log",
             xlabel="bucket_cap_mb (MB, log)",
             ylabel="step time (ms, median, 95% interval)",
-            title=f"{cluster}: gas={gas} (★ best; band: indistinguishable from it)",
+            title=f"{title} (★ best; band: indistinguishable from it)",
         )
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
@@ -102,15 +152,24 @@ def u_curve_figure(rows: pd.DataFrame, predicted: pd.DataFrame | None = None) ->
     return fig
 
 
-def _predicted_line(ax, predicted: pd.DataFrame | None, line: pd.DataFrame, color: str) -> None:
-    """The overlap model's steps for the cells of `line` (matched by configuration), dashed."""
+def _baseline(ax, sub: pd.DataFrame) -> None:
+    base = sub.dropna(subset=["baseline_step_ms"])
+    if not base.empty:
+        scaled = " (gas x gas-1 run)" if base["baseline_source"].iloc[0] == "gas1_scaled" else ""
+        label = f"single-worker baseline{scaled}"
+        ax.axhline(base["baseline_step_ms"].iloc[0], color="grey", linestyle="--", label=label)
+
+
+def _predicted_line(ax, predicted: pd.DataFrame | None, line: pd.DataFrame, color: str, label: str) -> None:
+    """The overlap model's steps for the cells of `line` (curve `label`, matched by configuration), dashed."""
     if predicted is None or predicted.empty:
         return
     mine = predicted[predicted["predicted_ms"].notna()]
     mine = mine[pd.Series(identity.config_text(mine), index=mine.index).isin(identity.config_text(line))]
     if not mine.empty:
         mine = mine.sort_values("bucket_cap_mb")
-        ax.plot(mine["bucket_cap_mb"], mine["predicted_ms"], "--", color=color, alpha=0.8, label="predicted")
+        drawn = ax.plot(mine["bucket_cap_mb"], mine["predicted_ms"], "--x", color=color, alpha=0.8, label="predicted")
+        _points(drawn[0], f"{label} predicted", list(mine["bucket_cap_mb"]), mine["predicted_ms"].to_numpy(float))
 
 
 def efficiency_figure(rows: pd.DataFrame) -> Figure:
