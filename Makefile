@@ -36,13 +36,16 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) \
 	  >/dev/null 2>&1; } || echo "chromium not installed: the browser tests will skip"
 
-test: $(STAMP) browser
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
-
+# Everything: the fast tier on two processes (pytest-xdist), then the tiers that start Ray, a server rig or a
+# browser one at a time (they measure, and two sweeps on one machine would measure each other).
 FAST := not ray and not slow and not netns and not browser and not s3
 
+test: $(STAMP) browser
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n 2 -m "$(FAST)"
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -m "not ($(FAST))"
+
 check: $(STAMP) lint
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -m "$(FAST)"
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n 2 -m "$(FAST)"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -47,6 +47,7 @@ def measured_or_error(rank: int, cfgs: list[StepConfig]) -> list:
     return out, params
 
 
+@pytest.mark.slow
 def test_every_compile_mode_keeps_ddp_exact_in_sync_and_communicating(tmp_path):
     """Per mode: the gradient equals the full-batch gradient within fp32's bound (no_sync and syncing every
     micro-step alike), replicas stay bit-identical, the all-reduces really ran (the Python reducer one per

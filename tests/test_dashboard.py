@@ -38,6 +38,7 @@ def test_two_sweeps_compare_and_the_sweeps_table_counts(tmp_path):
     assert client.get("/ui/compare", params={"by": "sweep", "a": "s1", "b": "nope"}).status_code == 404
     sweep = client.get("/ui/sweep/pcie-8x/s1").text
     medians = sorted(y for _, ys in drawn(sweep, "u_curve") for y in ys)
+    assert "mathdefault" not in sweep and ">10</text>" in sweep  # log ticks as plain text, never raw mathtext
     stored = sorted(r["step_ms"] for r in seed_rows(sweep="s1") if r["mode"] == "ddp")
     assert medians == pytest.approx(stored, rel=1e-5)  # drawn to 6 significant digits
 

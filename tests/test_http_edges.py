@@ -85,10 +85,14 @@ def client(**settings) -> TestClient:
     return TestClient(create_app(ServiceSettings(**(defaults | settings))))
 
 
-def test_a_hung_cluster_stalls_no_request(tmp_path, live_server):
+def test_a_hung_cluster_stalls_no_request(tmp_path, live_server, monkeypatch):
     """A job server that accepts and never answers: 45 token-free dashboard polls and a POST in flight, and
     /cells and /openapi.json still answer at once (before: 14.4 s and 15.3 s)."""
     import socket
+
+    from service import jobs
+
+    monkeypatch.setattr(jobs, "READ_TIMEOUT_S", 6.0)  # sooner, still twice the 3 s bound asserted below
     import time
     from concurrent.futures import ThreadPoolExecutor
 

@@ -4,6 +4,7 @@ run against a real uvicorn server (service.httpserver, as `ddpsweep serve` runs 
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import threading
@@ -112,7 +113,13 @@ def _silent_server() -> tuple[socket.socket, str]:
     listener.bind(("127.0.0.1", 0))
     listener.listen(128)
     held: list[socket.socket] = []
-    threading.Thread(target=lambda: [held.append(listener.accept()[0]) for _ in range(500)], daemon=True).start()
+
+    def hold() -> None:
+        with contextlib.suppress(OSError):  # the test closed the listener
+            while True:
+                held.append(listener.accept()[0])
+
+    threading.Thread(target=hold, daemon=True).start()
     return listener, f"http://127.0.0.1:{listener.getsockname()[1]}"
 
 

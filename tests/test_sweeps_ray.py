@@ -189,15 +189,6 @@ def test_a_worker_group_left_by_a_killed_fit_is_removed_and_nothing_else(fault_f
     assert_every_cpu_free()
 
 
-def test_cell_isolation_runs_one_worker_group_per_measurement(fault_file, tmp_path):
-    fault_file.write_text("")
-    spec = parse_spec(spec_text(buckets="[25]", isolation="cell"))
-    outcome = execute(plan_sweep(spec, results=str(tmp_path)))
-    assert len(outcome.rows) == 2 and {r["status"] for r in outcome.rows} == {"ok"}
-    assert len({r["group_id"] for r in outcome.rows}) == 2 and {r["isolation"] for r in outcome.rows} == {"cell"}
-    assert all(r["replicas_in_sync"] and r["step_ms"] > 0 for r in outcome.rows)
-
-
 def test_hooks_and_an_env_grid_run_on_ray_one_group_per_environment(fault_file, tmp_path, monkeypatch):
     """With a planted corruption (DDPSWEEP_CORRUPT) on one exact cell: its replicas stay in sync, its gradient
     check fails, and recommend leaves it out and says why."""

@@ -192,7 +192,8 @@ def test_groups_follow_the_worker_group_shape_in_interleaved_rounds():
     orders = [[s.cell.cell_id for s in ddp.slots if s.round == r] for r in range(5)]
     assert len({tuple(o) for o in orders}) > 1  # rounds are shuffled, not repeated
     assert plan_groups(pairs, sweep_id="s-1") == groups  # the order is reproducible from the seed
-    assert [len(g.slots) for g in plan_groups(pairs, sweep_id="s-1", isolation="cell")] == [1] * 40
+    isolated = plan_groups(pairs, sweep_id="s-1", isolation="cell")  # a worker group per measurement
+    assert [len(g.slots) for g in isolated] == [1] * 40 and len({g.group_id for g in isolated}) == 40
 
 
 def test_group_key_is_what_shapes_a_worker_group():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 import time
 
@@ -184,13 +185,14 @@ def test_the_dry_run_table_names_the_knobs_a_cell_sets():
     assert timed[-1].startswith("10 cells x 1 repeat(s) = 10 measurements")
 
 
-def test_the_dashboard_u_curve_has_a_series_per_curve_named_apart():
-    from service.dashboard import curve_series
+def test_the_u_curve_figure_has_a_series_per_curve_named_apart():
+    from results.render import plots
 
-    series = curve_series(analysis.with_baseline(pd.DataFrame(MIXED)), "step_ms")
-    assert sorted(s.name for s in series) == [
-        "w=2 gas=1 comm_hook=fp16 timing=sync",
-        "w=2 gas=1 comm_hook=none timing=loop",
-        "w=2 gas=1 comm_hook=none timing=sync",
+    svg = plots.svg(plots.u_curve_figure(pd.DataFrame(MIXED)), "u_curve")
+    names = re.findall(r'class="series" data-series="([^"]*)"', svg)
+    assert sorted(names) == [
+        "2 ranks, no_sync=False, comm_hook=fp16, timing=sync",
+        "2 ranks, no_sync=False, comm_hook=none, timing=loop",
+        "2 ranks, no_sync=False, comm_hook=none, timing=sync",
     ]
-    assert all(len(s.points) == 1 for s in series)
+    assert svg.count('class="point"') == 3

@@ -219,6 +219,7 @@ def rss_over_packed_cells(rank: int, cfgs: list[StepConfig]) -> list[int]:
     return rss
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmRSS from /proc")
 def test_memory_is_released_between_packed_cells(tmp_path):
     """RSS after 40 packed cells stays within a bound of RSS after 2."""

@@ -14,6 +14,7 @@ import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from results.analysis import cells as analysis
 from results.analysis import identity
@@ -31,6 +32,14 @@ def _subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float], s
     """pyplot.subplots without pyplot's global state (each call owns its figure; nothing to close)."""
     fig = Figure(figsize=figsize)
     return fig, fig.subplots(nrows, ncols, squeeze=squeeze)
+
+
+def _log_x(*axes) -> None:
+    """Log x axes labelled 0.1, 1, 10 as plain text: their default labels are mathtext, which is off here."""
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def _ddp_cells(rows: pd.DataFrame) -> pd.DataFrame:
@@ -140,8 +149,8 @@ def u_curve_figure(rows: pd.DataFrame, predicted: pd.DataFrame | None = None, *,
             _predicted_line(ax, predicted, line, color, label)
         _baseline(ax, sub)
         title = f"gas={gas}" if overlay else f"{cluster}: gas={gas}"
+        _log_x(ax)
         ax.set(
-            xscale="log",
             xlabel="bucket_cap_mb (MB, log)",
             ylabel="step time (ms, median, 95% interval)",
             title=f"{title} (★ best; band: indistinguishable from it)",
@@ -191,6 +200,7 @@ def efficiency_figure(rows: pd.DataFrame) -> Figure:
     ax.axhline(100, color="grey", linestyle="--", label="ideal")
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [str(s) for s in sizes])
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set(xlabel="world size (ranks, log2)", ylabel="scaling efficiency (%)", title="Scaling efficiency (best bucket)")
     ax.set_ylim(0, max(110, ax.get_ylim()[1]))
     return _finish(fig, ax, loc="lower left")
@@ -241,8 +251,8 @@ def calibration_figure(calibration: pd.DataFrame) -> Figure:
             color=line.get_color(),
             label=f"α={fit['alpha_ms'] * 1e3:.0f} µs, β={fit['beta_gbps']:.2f} GB/s algbw",
         )
+    _log_x(ax)
     ax.set(
-        xscale="log",
         xlabel="message size (bytes, log)",
         ylabel="busbw (GB/s)",
         title="All-reduce bandwidth by size (measured, and the α–β fit dashed)",
@@ -304,9 +314,9 @@ def scaling_figure(table: pd.DataFrame) -> Figure:
             )
         knees = series[series["knee"]]
         eff.plot(knees["world_size"], knees["efficiency"], "o", mfc="none", mec="red", ms=14, label="_knee")
-    tput.set(xscale="log", xlabel="world size (ranks, log)", ylabel="tokens/s", title="Throughput by topology")
+    _log_x(tput, eff)
+    tput.set(xlabel="world size (ranks, log)", ylabel="tokens/s", title="Throughput by topology")
     eff.set(
-        xscale="log",
         xlabel="world size (ranks, log)",
         ylabel="scaling efficiency",
         title="Strong-scaling efficiency (red circle: the knee)",
