@@ -199,7 +199,7 @@ def test_hooks_and_an_env_grid_run_on_ray_one_group_per_environment(fault_file, 
     text = spec_text(buckets="[0.25]").replace("warmup_steps: 1", "warmup_steps: 2")
     text += "comm_hook: [none, powersgd]\ntrace_comm: true\nenv_grid: {TORCH_DISTRIBUTED_DEBUG: ['OFF', INFO]}\n"
     spec = parse_spec(text)
-    bad = next(c for c in expand(spec) if c.step.comm_hook == "none" and "INFO" in c.env and c.step.mode == "ddp")
+    bad = next(c for c in expand(spec) if c.step.comm_hook == "none" and "INFO" in c.env_grid and c.step.mode == "ddp")
     monkeypatch.setenv(CORRUPT_ENV, f"{bad.cell_id}=1e-4")
     outcome = execute(plan_sweep(spec, results=str(tmp_path)))
     ddp = [r for r in outcome.rows if r["mode"] == "ddp"]
@@ -211,7 +211,7 @@ def test_hooks_and_an_env_grid_run_on_ray_one_group_per_environment(fault_file, 
     (rec,) = recommend(load(str(tmp_path)))
     assert [json.loads(c["env_grid"]) for c in rec["excluded"]] == [{"TORCH_DISTRIBUTED_DEBUG": "INFO"}]
     assert "failed the gradient check in 1 of 1" in rec["excluded"][0]["reason"]
-    assert all(c["env_grid"] != bad.env or c["comm_hook"] != "none" for c in rec["indistinguishable"])
+    assert all(c["env_grid"] != bad.env_grid or c["comm_hook"] != "none" for c in rec["indistinguishable"])
     assert len({r["group_id"] for r in ddp}) == 2  # one worker group per environment, hooks share it
     for r in ddp:
         grid = json.loads(r["env_grid"])

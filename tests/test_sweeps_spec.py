@@ -397,7 +397,7 @@ def test_an_env_grid_makes_one_worker_group_per_combination_and_joins_the_cell_i
     ]
     assert len({c.group_key for c in ddp}) == 2 and len({c.cell_id for c in ddp}) == 2
     plain = [c for c in expand(parse_spec("name: e\n")) if c.step.mode == "ddp"]
-    assert plain[0].env == "{}" and plain[0].cell_id not in {c.cell_id for c in ddp}
+    assert plain[0].env_grid == "{}" and plain[0].cell_id not in {c.cell_id for c in ddp}
 
 
 @pytest.mark.parametrize(

@@ -266,4 +266,4 @@ def cells_table(cells: list[Cell], repeats: int = 1, isolation: str = "group", c
 
 def _knobs(cell: Cell) -> str:
     """The cell's knobs that differ from their defaults, beyond the table's own columns: `comm_hook=fp16 …`."""
-    return set_knobs(dataclasses.asdict(cell.step) | {"env_grid": cell.env})
+    return set_knobs(dataclasses.asdict(cell.step) | {"env_grid": cell.env_grid})

@@ -35,19 +35,19 @@ class Cell:
     """Nodes the ranks are spread over, evenly."""
     backend: str
     """As the spec asks: auto | nccl | gloo."""
-    env: str = "{}"
+    env_grid: str = "{}"
     """The cell's `env_grid` values as canonical JSON: variables its worker group starts with (NCCL and gloo
     read them once per process, so each combination is its own group)."""
 
     @property
     def env_vars(self) -> dict[str, str]:
-        return json.loads(self.env)
+        return json.loads(self.env_grid)
 
     @property
     def knob_values(self) -> dict:
         """Every knob of the table (trainers.knobs) by name, as a row stores it."""
         placed = {"world_size": self.world_size, "num_nodes": self.num_nodes, "backend": self.backend}
-        return asdict(self.step) | placed | {"env_grid": self.env}
+        return asdict(self.step) | placed | {"env_grid": self.env_grid}
 
     @property
     def cell_id(self) -> str:
@@ -88,7 +88,7 @@ class Cell:
         """What `isolation: sweep` groups by: cells with the same key are measured on one worker group of the
         largest placement among them, each on its own ranks (a node count is a worker group of its own)."""
         values = self.knob_values  # the workload knobs of the table: what the model and its batches are
-        return (self.num_nodes, self.backend, *(values[k.name] for k in KNOBS if k.scope == WORKLOAD), self.env)
+        return (self.num_nodes, self.backend, *(values[k.name] for k in KNOBS if k.scope == WORKLOAD), self.env_grid)
 
 
 def _timed_steps(spec: SweepSpec) -> dict:
@@ -147,7 +147,7 @@ def _cell(
     gas: int,
     world_size: int = 1,
     num_nodes: int = 1,
-    env: str = "{}",
+    env_grid: str = "{}",
     what: dict,
     **step,
 ) -> Cell:
@@ -156,7 +156,7 @@ def _cell(
         cfg = StepConfig(**settings, mode=mode, gas=gas, **_timed_steps(spec), **step)
     except ConfigError as e:
         raise SpecError(e.field, e.value, e.allowed) from None
-    return Cell(step=cfg, world_size=world_size, num_nodes=num_nodes, backend=spec.backend, env=env)
+    return Cell(step=cfg, world_size=world_size, num_nodes=num_nodes, backend=spec.backend, env_grid=env_grid)
 
 
 def env_combinations(spec: SweepSpec) -> list[str]:
@@ -194,7 +194,7 @@ def expand(spec: SweepSpec, run_user_code: bool = True) -> list[Cell]:
         spec.placements(), env_combinations(spec), spec.modes, spec.gas, spec.no_sync, spec.timing, spec.compile
     ):
         for k in knobs if mode == "ddp" else knobs[:1]:
-            place = {"world_size": w, "num_nodes": n, "env": env}
+            place = {"world_size": w, "num_nodes": n, "env_grid": env}
             cells.append(_cell(spec, mode=mode, gas=g, no_sync=ns, what=what, timing=t, compile=c, **place, **k))
     seen: dict[str, Cell] = {}
     for c in cells:

@@ -138,7 +138,6 @@ def _rivals(group: Group) -> dict[str, int]:
 
 
 def _field(cell, name: str):
-    """A knob's value for a planned cell (the placement's from the cell, the environment as its JSON)."""
-    if name == "env_grid":
-        return cell.env
-    return getattr(cell, name) if name in ("world_size", "num_nodes", "backend") else getattr(cell.step, name, None)
+    """A knob's value for a planned cell (the placement's and the environment's from the cell, as JSON)."""
+    placed = ("world_size", "num_nodes", "backend", "env_grid")
+    return getattr(cell, name) if name in placed else getattr(cell.step, name, None)

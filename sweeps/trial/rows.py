@@ -76,7 +76,7 @@ def build_row(
         "num_nodes": cell.num_nodes,
         "workers_per_node": cell.workers_per_node,
         "tokens_per_step": None if cell.step.tokens_per_rank is None else cell.step.tokens_per_rank * cell.world_size,
-        "env_grid": cell.env,
+        "env_grid": cell.env_grid,
         "grad_compression": cell.step.grad_compression,
         "cpus_per_worker": ctx.cpus_per_worker,
         "placement": ctx.placement,
