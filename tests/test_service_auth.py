@@ -33,7 +33,7 @@ def ddpsweep(address: str, *args: str, **env: str) -> subprocess.CompletedProces
 def test_jobs_commands_authenticate_with_the_cluster_token(tmp_path):
     info: dict = {}
     with ray_head("token", info=info) as address:
-        with_token = ddpsweep(address, "status", RAY_AUTH_MODE="token")
+        with_token = ddpsweep(address, "status", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=info["token_path"])
         assert with_token.returncode == 0, with_token.stderr[-2000:]
         assert "no sweeps on this cluster" in with_token.stdout
         no_token = ddpsweep(address, "status", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(tmp_path / "none"))
