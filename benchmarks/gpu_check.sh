@@ -38,7 +38,7 @@ source benchmarks/device_env.sh "${DEVICE_BUNDLE:-build/device_bundle.tar.xz}"
 results="$OUT/results"
 started=$SECONDS
 # part limits, s (a part cut at its limit still leaves its rows and the summary)
-PARTS=(0_calibration_path:20 1_predict:25 1_main:75 2_timing:35 3_hooks:35 3_workload:20 4_compile:60)
+PARTS=(0_calibration_path:25 1_predict:25 1_main:75 2_timing:35 3_hooks:35 3_workload:20 4_compile:55)
 total=0; for p in "${PARTS[@]}"; do total=$((total + ${p#*:})); done
 echo "limits sum: $total s"
 limit() { for p in "${PARTS[@]}"; do [ "${p%%:*}" = "$1" ] && echo "${p#*:}"; done; }

@@ -21,7 +21,7 @@ import pandas as pd
 from results.analysis import cells as analysis
 from results.analysis.identity import config_text
 from results.analysis.uncertainty import interval
-from results.model import predicted
+from results.model import costmodel, predicted
 from results.storage.store import Store, load, load_calibration
 
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}  # dense bf16 tensor-core peak, per GPU (TFLOP/s)
@@ -88,11 +88,18 @@ def calibration_lines(root: str, path_json: str | None) -> list[str]:
     if path_json and Path(path_json).exists():
         ran = json.loads(Path(path_json).read_text())
         out.append(f"- the calibration code on a 1-rank {ran['backend']} group (part 0), {ran['wall_s']:.1f} s:")
-        cal = pd.concat([cal, pd.DataFrame(ran["rows"]).assign(world_size=1)], ignore_index=True)
+        part0 = {"cluster": "part 0", "sweep_id": "part 0", "group_id": "part 0", "num_nodes": 1, "world_size": 1}
+        cal = pd.concat([cal, pd.DataFrame(ran["rows"]).assign(backend=ran["backend"], **part0)], ignore_index=True)
     if cal.empty:
         return out
+    for t in costmodel.terms(cal).itertuples():
+        line = costmodel.describe_terms(t)
+        out.append(
+            f"- overlap terms, {t.cluster}, {t.world_size} rank(s) on {t.num_nodes} node(s), {t.backend}: {line}"
+        )
     out += ["", "| kind | world | bytes | time ms | algbw GB/s | busbw GB/s |", "|---|---|---|---|---|---|"]
-    for _, c in cal.sort_values(["kind", "size_bytes"]).iterrows():
+    collectives = cal[cal["kind"].isin(["all_reduce", "broadcast_params"])]
+    for _, c in collectives.sort_values(["kind", "size_bytes"]).iterrows():
         out.append(
             f"| {c['kind']} | {c['world_size']} | {c['size_bytes']:,} | {c['time_ms']:.4f} "
             f"| {c['algbw_gbps']:.1f} | {c['busbw_gbps']:.1f} |"

@@ -97,11 +97,85 @@ def search_outcome(name: str, grid_store: list[str], search_store: list[str]) ->
     return {"grid_measurements": n_grid, "model_measurements": n_model, "curves": both}
 
 
+def judge(store: Path, cluster: str, sweep: str) -> pd.DataFrame:
+    """Per curve of the grid sweep: its depth (largest / best − 1) against what it resolves (min_resolvable_rel),
+    whether it has a left arm (its smallest bucket outside the indistinguishable set), and the model's median
+    |error|, Spearman and left arm with the measured terms and without them (c = κ = 0), at slowdown 1."""
+    from results.analysis import cells as analysis
+    from results.model import predicted
+    from results.storage.store import Store, load, load_calibration
+
+    rows, cal = load(str(store), cluster, sweep), load_calibration(str(store), cluster)
+    profiles = predicted.profiles_of(Store.open(str(store)).read_profiles().to_pandas())
+    costs = predicted.newest_costs(cal)
+    plain = {k: predicted.Cost(v.t) for k, v in costs.items()}
+    cells = predicted.measured_cells(rows)
+    both = {"terms": predicted.with_predictions(cells, profiles, costs)}
+    both["no_terms"] = predicted.with_predictions(cells, profiles, plain)
+    curve = ["world_size", "gas", "no_sync"]
+    resolves = {tuple(r[k] for k in curve): r["min_resolvable_rel"] for _, r in analysis.u_curve(rows).iterrows()}
+    lines = []
+    for key, grp in both["terms"].groupby(curve):
+        grp = grp.sort_values("bucket_cap_mb")
+        best = grp.loc[grp["step_ms"].idxmin()]
+        same = [analysis.same_as(r, best) for _, r in grp.iterrows()]
+        line = dict(zip(curve, key, strict=True)) | {"depth": grp["step_ms"].max() / grp["step_ms"].min() - 1}
+        line |= {"resolves": resolves.get(key), "left_arm": not same[0]}
+        for name, table in both.items():
+            p = table.loc[grp.index, "predicted_ms"].to_numpy()
+            acc = overlap_accuracy(p, grp["step_ms"].to_numpy(), {i for i, x in enumerate(same) if x})
+            line |= {f"{k}_{name}": v for k, v in acc.items()}
+            line[f"left_arm_{name}"] = bool(p[0] > p.min() * 1.005)
+        lines.append(line)
+    return pd.DataFrame(lines)
+
+
+def overlap_accuracy(predicted_ms, measured_ms, same: set[int]) -> dict:
+    from results.model import overlap
+
+    acc = overlap.accuracy(predicted_ms, measured_ms, same)
+    return {"error": acc["median_abs_error"], "rho": acc["spearman"], "best_in_set": acc["predicted_best_in_set"]}
+
+
+def link_figures(store: Path, cluster: str) -> str:
+    """What picks the link rate: t(the whole gradient) on the calibration against the profiled backward, and the
+    overlap terms measured beside the all-reduces."""
+    from results.model import costmodel, predicted
+    from results.storage.store import Store, load_calibration
+
+    cal = load_calibration(str(store), cluster)
+    costs = predicted.newest_costs(cal)
+    profiles = predicted.profiles_of(Store.open(str(store)).read_profiles().to_pandas())
+    lines = []
+    for line in costmodel.summary(cal).itertuples():
+        cost = costs[(line.cluster, int(line.world_size), int(line.num_nodes))]
+        lines.append(
+            f"{line.world_size} ranks / {line.num_nodes} node(s): alpha {line.alpha_ms * 1e3:.0f} us, "
+            f"beta {line.beta_gbps:.3f} GB/s; {costmodel.describe_terms(line)}"
+        )
+        for (c, _), prof in profiles.items():
+            if c == line.cluster:
+                grad = prof.gradient_bytes
+                lines.append(
+                    f"  profile: backward {prof.backward_ms:.1f} ms; t(gradient, {grad} B) {cost(grad):.1f} ms"
+                )
+    return "\n".join(lines)
+
+
 def curve_table(curves: list[dict]) -> pd.DataFrame:
     table = pd.DataFrame(curves)
     cols = ["gas", "no_sync", "cells", "median_abs_error", "spearman", "predicted_best_mb", "measured_best_mb"]
     cols += ["indistinguishable_mb", "predicted_best_in_set", "slowdown"]
     return table[cols]
+
+
+def grid_of(args: argparse.Namespace) -> dict:
+    grid = dict(GRID)
+    if args.caps:
+        grid["bucket_cap_mb"] = [float(c) for c in args.caps.split(",")]
+    if args.gas:
+        grid |= {"gas": [int(g) for g in args.gas.split(",")], "no_sync": [False]}
+    return grid
 
 
 def main() -> None:
@@ -114,6 +188,10 @@ def main() -> None:
     ap.add_argument("--model-search", action="store_true", help="then search: model, its error from the others")
     ap.add_argument("--no-grid", action="store_true", help="the store under --out has the grid sweeps already")
     ap.add_argument("--recsys-rows", type=int, default=None, help="the recsys example's embedding rows")
+    ap.add_argument("--caps", default=None, help="bucket_cap_mb values, comma-separated (default: the grid's)")
+    ap.add_argument("--gas", default=None, help="gas values, comma-separated; with it no_sync is false only")
+    ap.add_argument("--micro-batch", type=int, default=None, help="the workload's micro-batch")
+    ap.add_argument("--seq-len", type=int, default=None, help="the tiny preset's sequence length")
     args = ap.parse_args()
     where = [] if args.address is None else ["--address", args.address]
     cluster = "predict" if args.address is None else f"predict-{args.topology}"
@@ -123,7 +201,9 @@ def main() -> None:
     for name, base in WORKLOADS.items():
         if args.only not in (None, name):
             continue
-        spec = base | COMMON | GRID | {"name": f"predict-{name}", "cluster": cluster, "repeats": args.rounds}
+        spec = base | COMMON | grid_of(args) | {"name": f"predict-{name}", "cluster": cluster, "repeats": args.rounds}
+        spec |= {"micro_batch": args.micro_batch} if args.micro_batch else {}
+        spec |= {"seq_len": args.seq_len} if args.seq_len and name == "tiny" else {}
         spec |= {"topology": [args.topology]} if args.topology != "1x2" else {}
         spec |= {"env": {"GLOO_SOCKET_IFNAME": "ddp0"}} if args.address else {}
         if args.recsys_rows and "workload_args" in spec:
@@ -134,6 +214,7 @@ def main() -> None:
             out,
             where,
             args.model_search,
+            grid=not args.no_grid,
         )
         cells = pd.DataFrame(got["after"]["cells"])
         print(f"\n== {name}: calibrate + predict {got['calibrate_and_predict_s']:.0f} s, all {got['wall_s']:.0f} s")
@@ -143,6 +224,10 @@ def main() -> None:
         for key, title in (("curves", "compute as profiled"), ("curves_fitted", "one slowdown fitted per placement")):
             print(f"curves, {title}:")
             print(curve_table(got["after"][key]).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        print(f"the link and the terms:\n{link_figures(out / 'store', cluster)}")
+        print(f"judged ({args.rounds} rounds), with the measured terms and without them (c = κ = 0), slowdown 1:")
+        judged = judge(out / "store", cluster, f"m-{name}")
+        print(judged.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
         if "search" in got:
             s = got["search"]
             share = s["model_measurements"] / s["grid_measurements"]

@@ -255,7 +255,7 @@ def calibrate(
             raise ConfigError("workers", plan.spec.workers, "a spec with at least one multi-rank worker group")
         echo(f"calibration {plan.sweep_id}: {len(plan.shapes())} worker group(s) -> {plan.store.uri}")
         runner.execute(plan, address=address, verbose=verbose)
-        fits = costmodel.fits(load_calibration(plan.store.uri, plan.cluster, plan.sweep_id))
+        fits = costmodel.summary(load_calibration(plan.store.uri, plan.cluster, plan.sweep_id))
     except KeyboardInterrupt:
         echo("\ninterrupted: calibration stopped; groups already calibrated are kept (run it again)", err=True)
         raise typer.Exit(143 if session.terminated() else 130) from None
@@ -263,7 +263,7 @@ def calibrate(
         fit = f"alpha {f.alpha_ms * 1e3:.0f} us, beta {f.beta_gbps:.2f} GB/s algbw"
         echo(
             f"{f.world_size} ranks on {f.num_nodes} node(s), {f.backend}: {fit}, "
-            f"max residual {f.max_rel_residual:.0%} (uses the {f.uses})"
+            f"max residual {f.max_rel_residual:.0%} (uses the {f.uses}); {costmodel.describe_terms(f)}"
         )
     echo(f"\nrows: ddpsweep query \"select * from calibration where sweep_id = '{plan.sweep_id}'\"")
 

@@ -143,6 +143,14 @@ def test_calibrate_measures_the_specs_worker_groups_and_the_report_shows_the_fit
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     assert "2 ranks on 1 node(s), gloo: alpha" in out and "GB/s algbw" in out
+    assert "per bucket " in out and " while an all-reduce runs" in out  # the overlap terms, measured beside it
+    terms = CliRunner().invoke(
+        app,
+        ["query", "select bucket_ms, contention from alpha_beta", "--results", str(tmp_path), "--format", "json"],
+    )
+    assert terms.exit_code == 0, terms.output
+    lines = json.loads(terms.output)
+    assert lines and all(x["bucket_ms"] is not None and x["contention"] is not None for x in lines)  # measured
     n = CliRunner().invoke(
         app,
         [

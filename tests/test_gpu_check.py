@@ -100,8 +100,13 @@ def test_part_0_runs_the_calibration_code_on_one_rank(tmp_path):
     ran = json.loads(out.read_text())
     sizes = [r["size_bytes"] for r in ran["rows"] if r["kind"] == "all_reduce"]
     assert ran["backend"] == "gloo" and sizes == [4096 * 4**i for i in range(8)]  # 4 KiB .. 64 MiB on CPU
-    assert all(r["iters"] == 10 and r["time_ms"] > 0 and r["busbw_gbps"] == 0 for r in ran["rows"][:-1])
-    assert ran["rows"][-1]["kind"] == "broadcast_params" and ran["rows"][-1]["size_bytes"] > 0
+    collectives = [r for r in ran["rows"] if r["kind"] in ("all_reduce", "broadcast_params")]
+    assert all(r["iters"] == 10 and r["time_ms"] > 0 and r["busbw_gbps"] == 0 for r in collectives[:-1])
+    assert collectives[-1]["kind"] == "broadcast_params" and collectives[-1]["size_bytes"] > 0
+    terms = [(r["kind"], r["buckets"], r["iters"]) for r in ran["rows"][len(collectives) :]]
+    assert terms == [("backward_alone", None, 10), ("backward_contended", None, 10)] + [
+        ("ddp_backward", b, 10) for b in (28, 1)
+    ]  # the overlap terms: the tiny GPT's 28 parameters each in a bucket of its own, then all in one
 
 
 def test_the_summary_sets_world_size_1_cells_beside_the_profile(tmp_path):

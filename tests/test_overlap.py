@@ -71,6 +71,45 @@ def test_the_slowdown_scales_compute_and_is_recovered_from_measurements():
     assert overlap.fit_slowdown(predict, predict(2.0)) == pytest.approx(2.0, rel=1e-9)
 
 
+def curve(tt, terms=overlap.NO_TERMS) -> dict[int, float]:
+    """Step ms at caps 1 (four buckets), 450 (two) and 10 000 (one)."""
+    layout = {cap: overlap.bucket_layout(PROFILE.order, PROFILE.nbytes, cap) for cap in (1, 450, 10_000)}
+    return {cap: overlap.predict_step(PROFILE, b, tt, terms=terms).step_ms for cap, b in layout.items()}
+
+
+def test_the_left_arm_comes_from_the_per_bucket_cost_alone():
+    def slow(nbytes: int) -> float:
+        return 0.1 + nbytes / 200  # ms: one bucket's 1000 B take 5.1 ms, exposed after the backward
+
+    # c = 0: four buckets 1..3.1, 3.1..4.7, 4.7..5.8, 6..6.6 and two 2..5.6, 6..7.6 all hide in the 8 ms backward
+    assert curve(slow) == pytest.approx({1: 14.0, 450: 14.0, 10_000: 17.1})  # no left arm
+    # c = 0.5 ms per bucket: four buckets launched at 1.5, 3, 5.5, 8 and the backward ends at 8 + 4c = 10 (the
+    # last ends 8.6); two at 2.5 (..6.1) and 7 (..8.6), backward 9; one at 6.5, 6.5..11.6 against a backward of 8.5
+    terms = overlap.Terms(bucket_ms=0.5)
+    assert curve(slow, terms) == pytest.approx({1: 16.0, 450: 15.0, 10_000: 17.6})  # a U: 16 > 15 < 17.6
+
+
+def test_compute_slows_while_a_collective_is_in_flight():
+    def fast(nbytes: int) -> float:
+        return 0.1 + nbytes / 1000  # ms: every layout hides behind the backward
+
+    # κ = 1: compute runs at half rate inside the collectives' intervals, so the backward is longer by half the
+    # communication it overlaps. Four buckets: 1..1.5, 2.25..2.65, 4.45..4.75, 6.6..6.8 (1.4 ms of collectives),
+    # backward 8 + 0.7 = 8.7; one bucket: 6..7.1 (1.1 ms), backward 8 + 0.55 = 8.55
+    assert curve(fast) == pytest.approx({1: 14.0, 450: 14.0, 10_000: 14.0})
+    step = overlap.predict_step(PROFILE, [[3], [2], [1], [0]], fast, terms=overlap.Terms(contention=1.0))
+    assert [round(x, 9) for x in step.timeline[1]] == [2.25, 2.25, 2.65]
+    assert step.step_ms == pytest.approx(5 + 8.7 + 1) and step.exposed_ms == 0.0
+    assert curve(fast, overlap.Terms(contention=1.0))[10_000] == pytest.approx(5 + 8.55 + 1)
+
+
+def test_terms_are_finite_and_not_negative():
+    with pytest.raises(ValueError, match="bucket_ms"):
+        overlap.Terms(bucket_ms=-1.0)
+    with pytest.raises(ValueError, match="contention"):
+        overlap.Terms(contention=float("nan"))
+
+
 def test_accuracy_of_a_curve():
     acc = overlap.accuracy([21, 20, 23], [22, 21, 25], best_set={1})
     assert acc["median_abs_error"] == pytest.approx(1 / 21)  # |20/21 - 1|, the middle of 1/22, 1/21, 2/25

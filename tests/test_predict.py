@@ -26,18 +26,38 @@ comm_hook: [none, powersgd]
 
 
 def calibrate(
-    root: str, alpha_ms: float = 0.5, gbps: float = 0.1, cluster: str = "lab", sweep: str = "cal-1", when=None
+    root: str,
+    alpha_ms: float = 0.5,
+    gbps: float = 0.1,
+    cluster: str = "lab",
+    sweep: str = "cal-1",
+    when=None,
+    terms: bool = False,
 ) -> None:
-    """A 1x2 calibration of t(m) = alpha + m / beta on `cluster` (what `ddpsweep calibrate` writes)."""
-    rows = []
+    """A 1x2 calibration of t(m) = alpha + m / beta on `cluster` (what `ddpsweep calibrate` writes); with
+    `terms`, the overlap terms' rows too: c = (13 − 10.2) / (29 − 1) = 0.1 ms per bucket, κ = 12 / 10 − 1 = 0.2."""
+    rows = [*term_rows()] if terms else []
     for size in (2**k for k in range(10, 24, 2)):
         ms = alpha_ms + size / (gbps * 1e9) * 1e3
-        rows.append(
-            {"sweep_id": sweep, "cluster": cluster, "group_id": "g", "world_size": 2, "num_nodes": 1}
-            | {"workers_per_node": 2, "backend": "gloo", "measured_at": when or datetime.now(UTC), "kind": "all_reduce"}
-            | {"size_bytes": size, "time_ms": ms, "times_ms": [ms], "iters": 5}
-        )
-    Store.open(root).write_calibration(rows)
+        rows.append({"kind": "all_reduce", "size_bytes": size, "time_ms": ms, "times_ms": [ms], "iters": 5})
+    common = {"sweep_id": sweep, "cluster": cluster, "group_id": "g", "world_size": 2, "num_nodes": 1}
+    common |= {"workers_per_node": 2, "backend": "gloo", "measured_at": when or datetime.now(UTC)}
+    Store.open(root).write_calibration([common | r for r in rows])
+
+
+def term_rows() -> list[dict]:
+    """trainers.terms' four rows, 15 repeats each; one repeat per arm is off (the medians are not)."""
+
+    def arm(kind: str, ms: float, **extra) -> dict:
+        times = [ms] * 14 + [ms * 3]
+        return {"kind": kind, "time_ms": ms, "times_ms": times, "iters": 15} | extra
+
+    return [
+        arm("backward_alone", 10.0, size_bytes=1 << 20),
+        arm("backward_contended", 12.0, size_bytes=1 << 20),
+        arm("ddp_backward", 13.0, size_bytes=1 << 20, buckets=29),
+        arm("ddp_backward", 10.2, size_bytes=1 << 20, buckets=1),
+    ]
 
 
 def test_predict_gives_every_cell_a_step_and_marks_each_curves_best(tmp_path):
@@ -190,6 +210,32 @@ def test_the_newest_calibration_is_the_one_measured_last_whatever_its_name(tmp_p
     calibrate(root, alpha_ms=1.0, sweep="aa-newer", when=now)
     t = predicted.newest_costs(load_calibration(root, "lab"))[("lab", 2, 1)]
     assert t(0) == pytest.approx(1.0, rel=0.05)  # alpha of aa-newer: sweep ids begin with a spec's name
+
+
+def test_the_measured_overlap_terms_reach_the_prediction_and_the_alpha_beta_view(tmp_path):
+    from results.model import overlap, predicted
+    from results.sql.query import query
+    from results.storage.store import load_calibration
+
+    root = str(tmp_path)
+    calibrate(root, terms=True)
+    cost = predicted.newest_costs(load_calibration(root, "lab"))[("lab", 2, 1)]
+    assert cost.terms.bucket_ms == pytest.approx(0.1) and cost.terms.contention == pytest.approx(0.2)
+    view = query(root, "select bucket_ms, bucket_ms_ci_lo, contention, contention_bytes from alpha_beta")
+    assert view.iloc[0].to_dict() == pytest.approx(
+        {"bucket_ms": 0.1, "bucket_ms_ci_lo": 0.1, "contention": 0.2, "contention_bytes": 1 << 20}
+    )
+    prof = overlap.Profile(
+        forward_ms=5, backward_ms=8, optimizer_ms=1, ready_ms=(6.0, 4.0), nbytes=(4000, 4000), order=(1, 0)
+    )
+    knobs = {"mode": "ddp", "gas": 1, "no_sync": False, "comm_hook": "none", "bucket_cap_mb": 1e-6}
+    with_terms = predicted.predict_one(knobs, prof, cost)["predicted_ms"]
+    without = predicted.predict_one(knobs, prof, predicted.Cost(cost.t))["predicted_ms"]
+    assert with_terms > without  # two buckets: 2 x 0.1 ms on the backward at least, and contention beside them
+    calibrate(str(tmp_path / "old"))  # a calibration from before the terms: the plain model, and nulls in the view
+    assert (
+        predicted.newest_costs(load_calibration(str(tmp_path / "old"), "lab"))[("lab", 2, 1)].terms == overlap.NO_TERMS
+    )
 
 
 def test_the_server_sees_a_profile_stored_after_it_started_without_new_rows(tmp_path):

@@ -6,6 +6,13 @@ measured DDP cells.
 Fitted per (cluster, sweep, world size, nodes, backend) by least squares on the all-reduce rows; the fit's
 largest relative residual is reported, and where it exceeds POOR_FIT the measured curve itself is used
 (log-log interpolation, linear extrapolation in m beyond it) instead of the line.
+
+Beside t(m), the overlap model's two terms (results.model.overlap.Terms) from the calibration's term rows
+(trainers.terms measures them on the same ranks), each the median of its repeats' paired values with a
+bootstrap 95% interval:
+
+    c = (ddp_backward[most buckets] − ddp_backward[one bucket]) / (the bucket counts' gap)     ms per bucket
+    κ = backward_contended / backward_alone − 1
 """
 
 from __future__ import annotations
@@ -62,3 +69,76 @@ def predict_ms(fit: pd.Series, sizes_bytes: list[int] | np.ndarray) -> np.ndarra
     last_rate = fit["curve_ms"][-1] / fit["curve_bytes"][-1]  # ms per byte at the largest size
     beyond = m > fit["curve_bytes"][-1]
     return np.where(beyond, fit["curve_ms"][-1] + (m - fit["curve_bytes"][-1]) * last_rate, inside)
+
+
+TERM_COLUMNS = ["bucket_ms", "bucket_ms_ci_lo", "bucket_ms_ci_hi", "contention", "contention_ci_lo", "contention_ci_hi"]
+TERM_COLUMNS += ["contention_bytes"]
+TERM_KINDS = ("backward_alone", "backward_contended", "ddp_backward")  # trainers.terms' rows
+
+
+def terms(calibration: pd.DataFrame) -> pd.DataFrame:
+    """Per (cluster, sweep, world size, nodes, backend) whose calibration measured them: c and κ, each with its
+    interval, and the contending all-reduce's bytes."""
+    lines = []
+    rows = calibration[calibration["kind"].isin(TERM_KINDS)] if len(calibration) else calibration
+    for key, grp in rows.groupby(FIT_KEYS, dropna=False) if not rows.empty else []:
+        measured = _terms_of(grp)
+        if measured is not None:
+            lines.append(dict(zip(FIT_KEYS, key, strict=True)) | measured)
+    return pd.DataFrame(lines, columns=[*FIT_KEYS, *TERM_COLUMNS])
+
+
+def _terms_of(grp: pd.DataFrame) -> dict | None:
+    """c and κ from one placement's term rows, pairing repeats within each group; None where a term is missing."""
+    pairs: dict[str, list[np.ndarray]] = {"bucket_ms": [], "contention": []}
+    size = None
+    for _, g in grp.groupby("group_id", dropna=False):
+        kind = {k: g[g["kind"] == k] for k in TERM_KINDS}
+        if len(kind["backward_alone"]) and len(kind["backward_contended"]):
+            alone, contended = kind["backward_alone"].iloc[-1], kind["backward_contended"].iloc[-1]
+            pairs["contention"].append(_paired(contended["times_ms"], alone["times_ms"]) - 1)
+            size = int(contended["size_bytes"])
+        ddp = kind["ddp_backward"].dropna(subset=["buckets"]).sort_values("buckets")
+        if len(ddp) >= 2 and ddp["buckets"].iloc[-1] > ddp["buckets"].iloc[0]:
+            one, many = ddp.iloc[0], ddp.iloc[-1]
+            gap = float(many["buckets"] - one["buckets"])
+            pairs["bucket_ms"].append((np.asarray(many["times_ms"], float) - np.asarray(one["times_ms"], float)) / gap)
+    if not pairs["bucket_ms"] or not pairs["contention"]:
+        return None
+    out: dict = {"contention_bytes": size}
+    for name, values in pairs.items():
+        out[name], out[f"{name}_ci_lo"], out[f"{name}_ci_hi"] = _median_interval(np.concatenate(values))
+    return out
+
+
+def _paired(a: object, b: object) -> np.ndarray:
+    """Repeat-by-repeat ratio a / b of two arms measured in turn (the shorter list bounds the pairs)."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    n = min(len(x), len(y))
+    return x[:n] / y[:n]
+
+
+def _median_interval(values: np.ndarray, n_boot: int = 1000) -> tuple[float, float, float]:
+    """The median and its 95% bootstrap interval (a fixed seed: the same rows give the same figures)."""
+    rng = np.random.default_rng(0)
+    boot = np.median(rng.choice(values, size=(n_boot, len(values))), axis=1)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return float(np.median(values)), float(lo), float(hi)
+
+
+def summary(calibration: pd.DataFrame) -> pd.DataFrame:
+    """The `alpha_beta` view: each fit (without its curve) and, where measured, the terms beside it."""
+    fitted = fits(calibration).drop(columns=["curve_bytes", "curve_ms"])
+    return fitted.merge(terms(calibration), on=FIT_KEYS, how="left")
+
+
+def describe_terms(line: object) -> str:
+    """A summary() line's terms in words, or why there are none."""
+    c, k = getattr(line, "bucket_ms", None), getattr(line, "contention", None)
+    if c is None or k is None or c != c or k != k:
+        return "no overlap terms (measured by `ddpsweep calibrate` since they exist)"
+    lo_c, hi_c = line.bucket_ms_ci_lo * 1e3, line.bucket_ms_ci_hi * 1e3
+    return (
+        f"per bucket {c * 1e3:.0f} us [{lo_c:.0f}, {hi_c:.0f}] on the compute stream, compute "
+        f"{k:+.0%} [{line.contention_ci_lo:+.0%}, {line.contention_ci_hi:+.0%}] while an all-reduce runs"
+    )

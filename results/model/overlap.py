@@ -2,25 +2,37 @@
 
 Pure (numpy only): the inputs are a `Profile` (trainers.profile measures it on one rank, outside DDP), the
 cell's knobs and t(bytes), the all-reduce time of a message on the cell's placement (results.model.costmodel fits it
-to a calibration). For one micro-step:
+to a calibration). For one micro-step, with two terms of the cluster beyond t(bytes) (`Terms`, measured by
+`ddpsweep calibrate` on the placement's ranks; both 0 reproduce the plain α–β overlap model):
 
+    c           per-bucket cost on the compute stream, ms: the reducer's work for each bucket (the copy into it,
+                the hook, the launch) delays everything after it in the backward
+    κ           contention: compute runs at 1 / (1 + κ) of its rate while a collective is in flight (gloo's
+                threads share the cores; NCCL's kernels share the SMs)
     buckets     DDP's assignment (reducer.cpp, compute_bucket_assignment_by_size) over the gradients in the order
                 they became ready: a bucket closes once its bytes reach its limit ([first, cap, cap, …])
-    ready_i     the time its last gradient is ready, in ms after the backward started
+    w_i         compute done when bucket i is launched: the ready time of its last gradient + c·(i + 1)
+    W           the backward's compute: backward + c·(number of buckets)
+    τ(w)        the wall time at which compute w is done: compute advances at rate 1 outside the collectives'
+                intervals [start_j, end_j) and at 1 / (1 + κ) inside them
+    ready_i     τ(w_i), in ms after the backward started
     start_i     max(ready_i, end_{i-1}): one collective at a time, in bucket order (the reducer's)
     end_i       start_i + t(bytes_i), bytes as the hook sends them (fp16 / bf16: half)
-    synced      forward + max(backward, end_last)       (DDP waits for every bucket before the backward ends)
-    unsynced    forward + backward                        (no_sync(): nothing is sent)
+    synced      forward + max(τ(W), end_last)       (DDP waits for every bucket before the backward ends)
+    unsynced    forward + backward                  (no_sync(): nothing is sent, no bucket is launched)
     step        synced x (gas if no no_sync else 1) + unsynced x (the rest) + optimizer
 
+The left arm of the U-curve comes from c and κ: many small buckets put c on the critical path many times, and
+start communicating early, so more of the backward runs slowed. α–β alone only charges the comm stream.
+
 Where it is known to be wrong, in the direction it errs:
-- the profile's compute is one rank alone; on a CPU node gloo's communication threads and the other ranks share
-  the cores, and on a GPU NCCL's kernels share the SMs, so compute slows while communication runs (too fast);
-- t(bytes) is an all-reduce alone on an idle group; DDP's overlap with the backward and the next bucket's copy
-  are not in the calibration (too fast where communication dominates);
+- the profile's compute is one rank alone; κ covers the collectives' share of the device, not the other ranks'
+  compute sharing a CPU node's cores (too fast there);
+- t(bytes) is an all-reduce alone on an idle group; a collective is not slowed by the compute beside it (too fast
+  where communication dominates);
 - PowerSGD and compiled steps are not modeled (None): their communication is not DDP's buckets.
-One named factor per placement may absorb the first (`fit_slowdown`: compute x s, fitted to measured cells and
-shown beside the predictions), never hidden in t(bytes).
+One named factor per placement may absorb what remains (`fit_slowdown`: compute x s, fitted to measured cells and
+shown beside the predictions as a diagnostic), never hidden in t(bytes) or in the predictions.
 """
 
 from __future__ import annotations
@@ -96,7 +108,7 @@ class Step:
 
     step_ms: float
     comm_ms: float  # per synced micro-step: the collectives' own time
-    exposed_ms: float  # per synced micro-step: communication left after the backward ended
+    exposed_ms: float  # per synced micro-step: communication left after the backward (with its bucket costs) ended
     timeline: tuple[tuple[float, float, float], ...]  # (ready, start, end) per bucket, ms after the backward started
 
 
@@ -121,16 +133,72 @@ def layout_for(profile: Profile, bucket_cap_mb: float, first_bucket_mb: float | 
     return bucket_layout(profile.order, profile.nbytes, int(bucket_cap_mb * MiB), first)
 
 
-def timeline(profile: Profile, buckets: list[list[int]], t: Callable[[int], float], hook: str = "none"):
-    """(ready, start, end) per bucket: each starts when it is ready and the previous one has ended."""
+@dataclass(frozen=True, kw_only=True)
+class Terms:
+    """The cluster's costs beyond t(bytes), measured on a placement's ranks (sweeps' calibration)."""
+
+    bucket_ms: float = 0.0
+    """c: compute-stream time per DDP bucket (copy into the bucket, hook, launch), ms."""
+    contention: float = 0.0
+    """κ: compute takes (1 + κ) times as long while a collective is in flight."""
+
+    def __post_init__(self) -> None:
+        for name in ("bucket_ms", "contention"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name}: {v!r} is not a finite number >= 0")
+
+
+NO_TERMS = Terms()
+
+
+class _Compute:
+    """Compute's progress on the wall clock: rate 1, or 1 / (1 + κ) inside the collectives' intervals."""
+
+    def __init__(self, contention: float) -> None:
+        self.slow = 1.0 / (1.0 + contention)
+        self.now = self.done = 0.0  # wall ms, compute ms
+        self.busy: list[tuple[float, float]] = []  # the collectives' [start, end), in order, not overlapping
+        self.first = 0  # the first interval that has not ended by now
+
+    def reach(self, work: float) -> float:
+        """The wall time at which `work` ms of compute are done (never before now: compute is sequential)."""
+        while self.done < work:
+            rate, until = self._rate()
+            need = (work - self.done) / rate
+            if until is None or self.now + need <= until:
+                self.now, self.done = self.now + need, work
+                break
+            self.done += (until - self.now) * rate
+            self.now = until
+        return self.now
+
+    def _rate(self) -> tuple[float, float | None]:
+        """Compute's rate from now, and until when it holds (None: to the end). Time only moves forward, so the
+        intervals that ended before now are skipped once (a timeline costs O(buckets), not O(buckets²))."""
+        while self.first < len(self.busy) and self.busy[self.first][1] <= self.now:
+            self.first += 1
+        if self.first == len(self.busy):
+            return 1.0, None
+        start, end = self.busy[self.first]
+        return (self.slow, end) if start <= self.now else (1.0, start)
+
+
+def timeline(
+    profile: Profile, buckets: list[list[int]], t: Callable[[int], float], hook: str = "none", terms: Terms = NO_TERMS
+):
+    """(ready, start, end) per bucket, and the backward's end, in wall ms after the backward started: each bucket
+    starts when it is launched and the previous one has ended (see the module docstring)."""
+    compute = _Compute(terms.contention)
     out, end = [], 0.0
-    for b in buckets:
-        ready = max(profile.ready_ms[i] for i in b)
+    for k, b in enumerate(buckets):
+        ready = compute.reach(max(profile.ready_ms[i] for i in b) + terms.bucket_ms * (k + 1))
         sent = sum(profile.nbytes[i] for i in b) // (2 if hook in HALF else 1)
         start = max(ready, end)
         end = start + float(t(sent))
+        compute.busy.append((start, end))
         out.append((ready, start, end))
-    return tuple(out)
+    return tuple(out), compute.reach(profile.backward_ms + terms.bucket_ms * len(buckets))
 
 
 def predict_step(
@@ -142,6 +210,7 @@ def predict_step(
     no_sync: bool = False,
     hook: str = "none",
     slowdown: float = 1.0,
+    terms: Terms = NO_TERMS,
 ) -> Step:
     """The step of a DDP cell (see the module docstring); `slowdown` scales the profile's compute."""
     fwd, bwd, opt = (x * slowdown for x in (profile.forward_ms, profile.backward_ms, profile.optimizer_ms))
@@ -153,13 +222,13 @@ def predict_step(
         nbytes=profile.nbytes,
         order=profile.order,
     )
-    line = timeline(scaled, buckets, t, hook)
+    line, backward_end = timeline(scaled, buckets, t, hook, terms)
     last = line[-1][2] if line else 0.0
-    synced = fwd + max(bwd, last)
+    synced = fwd + max(backward_end, last)
     n_synced = 1 if no_sync else gas
     step = synced * n_synced + (fwd + bwd) * (gas - n_synced) + opt
     comm = sum(e - s for _, s, e in line)
-    return Step(step_ms=step, comm_ms=comm, exposed_ms=max(0.0, last - bwd), timeline=line)
+    return Step(step_ms=step, comm_ms=comm, exposed_ms=max(0.0, last - backward_end), timeline=line)
 
 
 def fit_slowdown(predict: Callable[[float], np.ndarray], measured: np.ndarray) -> float:

@@ -3,8 +3,9 @@ cluster's stored profile of its workload and the newest calibration of its place
 and per curve how far the model can be trusted: median |predicted / measured − 1|, Spearman's rank correlation,
 and whether the predicted best lies in the measured indistinguishable set.
 
-Twice: with the profile's compute as measured alone (slowdown 1, what `ddpsweep predict` says before a sweep),
-and with one compute factor per placement fitted to the sweep's own cells (`overlap.fit_slowdown`), beside it.
+Twice: with the profile's compute as measured alone and the overlap terms its calibration measured (slowdown 1,
+what `ddpsweep predict` says before a sweep), and, as a diagnostic beside it, with one compute factor per
+placement fitted to the sweep's own cells (`overlap.fit_slowdown`).
 Pure over data (rows, profiles, calibration): the query views, the dashboard and the report call it.
 """
 
@@ -14,6 +15,7 @@ import functools
 import hashlib
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -37,7 +39,18 @@ NO_CALIBRATION = "no calibration of this placement on the cluster: run `ddpsweep
 PLACE = ["cluster", "sweep_id", "world_size", "num_nodes"]  # one fitted slowdown each
 
 Profiles = Mapping[tuple[str, str], Profile]  # (cluster, profile key) -> profile
-Cost = Callable[[int], float]  # bytes -> ms
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A placement's communication as the overlap model takes it, from one calibration: t(bytes) in ms, and the
+    terms measured beside it (none where the calibration predates them)."""
+
+    t: Callable[[int], float]
+    terms: overlap.Terms = overlap.NO_TERMS
+
+    def __call__(self, nbytes: int) -> float:
+        return self.t(nbytes)
 
 
 def profile_key(knobs: Mapping, device: str, torch_version: str) -> str:
@@ -57,17 +70,30 @@ def profiles_of(table: pd.DataFrame | None) -> dict[tuple[str, str], Profile]:
 
 
 def newest_costs(calibration: pd.DataFrame) -> dict[tuple[str, int, int], Cost]:
-    """Per (cluster, world size, nodes): t(bytes) from the fit of its newest calibration (by when it was
+    """Per (cluster, world size, nodes): t(bytes) and the terms of its newest calibration (by when it was
     measured: sweep ids begin with the spec's name, so they do not sort by time)."""
     if len(calibration) == 0:
         return {}
     when = calibration.groupby("sweep_id")["measured_at"].max()
     fits = costmodel.fits(calibration)
     fits = fits.assign(measured_at=fits["sweep_id"].map(when)).sort_values("measured_at")
-    return {(r["cluster"], int(r["world_size"]), int(r["num_nodes"])): cost(r) for _, r in fits.iterrows()}
+    measured = costmodel.terms(calibration)
+    by_fit = {tuple(r[k] for k in costmodel.FIT_KEYS): r for _, r in measured.iterrows()}
+    out = {}
+    for _, r in fits.iterrows():
+        found = by_fit.get(tuple(r[k] for k in costmodel.FIT_KEYS))
+        terms = overlap.NO_TERMS if found is None else terms_of(found)
+        out[(r["cluster"], int(r["world_size"]), int(r["num_nodes"]))] = Cost(cost(r), terms)
+    return out
 
 
-def cost(fit: pd.Series) -> Cost:
+def terms_of(measured: pd.Series) -> overlap.Terms:
+    """The model's terms from costmodel.terms()' line: each median, none below 0 (a negative median is a term
+    this calibration could not tell from nothing)."""
+    return overlap.Terms(bucket_ms=max(0.0, measured["bucket_ms"]), contention=max(0.0, measured["contention"]))
+
+
+def cost(fit: pd.Series) -> Callable[[int], float]:
     """t(bytes), the all-reduce time in ms of a message on the fit's placement, memoized: the slowdown fit asks
     the same sizes hundreds of times."""
     return functools.lru_cache(maxsize=None)(lambda nbytes: float(costmodel.predict_ms(fit, [nbytes])[0]))
@@ -90,7 +116,9 @@ def predict_one(knobs: Mapping, prof: Profile, t: Cost | None, slowdown: float =
         predicted = compute * gas + comm * synced + prof.optimizer_ms * slowdown
         return {"predicted_ms": predicted, "comm_ms": comm, "exposed_ms": comm}
     buckets = overlap.layout_for(prof, float(knobs["bucket_cap_mb"]), plain(knobs.get("first_bucket_mb")))
-    step = overlap.predict_step(prof, buckets, t, gas=gas, no_sync=no_sync, hook=knobs["comm_hook"], slowdown=slowdown)
+    terms = t.terms if isinstance(t, Cost) else overlap.NO_TERMS
+    hook = knobs["comm_hook"]
+    step = overlap.predict_step(prof, buckets, t, gas=gas, no_sync=no_sync, hook=hook, slowdown=slowdown, terms=terms)
     sizes = tuple(sum(prof.nbytes[i] for i in b) for b in buckets)  # bytes per bucket, in the order they fill
     return {"predicted_ms": step.step_ms, "comm_ms": step.comm_ms, "exposed_ms": step.exposed_ms, "bucket_bytes": sizes}
 

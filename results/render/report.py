@@ -155,12 +155,15 @@ NO_KNEE = "No knee: per-rank throughput never fell by 10% or more (its whole int
 
 
 def calibration_tables(rows: pd.DataFrame, calibration: pd.DataFrame) -> list[Section]:
-    """The α–β fits of the sweep's own calibration (each cell's predicted step: the overlap model's section)."""
+    """The α–β fits of the sweep's own calibration and the overlap terms measured beside them (each cell's
+    predicted step: the overlap model's section)."""
     from results.model import costmodel
 
-    fits = costmodel.fits(calibration)
-    fit_table = _table(fits.assign(alpha_us=fits["alpha_ms"] * 1e3), [*FIT_COLUMNS, "n_sizes", "uses"])
-    return [Section("Calibration: the α–β model per group of ranks", fit_table)]
+    fits = costmodel.summary(calibration)
+    us = {f"bucket_us{s}": fits[f"bucket_ms{s}"] * 1e3 for s in ("", "_ci_lo", "_ci_hi")}
+    fits = _with_intervals(fits.assign(alpha_us=fits["alpha_ms"] * 1e3, **us), ["bucket_us", "contention"])
+    fit_table = _table(fits, [*FIT_COLUMNS, "n_sizes", "uses", "bucket_us", "contention"])
+    return [Section("Calibration: the α–β model and the overlap terms per group of ranks", fit_table)]
 
 
 def scaling_tables(rows: pd.DataFrame, calibration: pd.DataFrame | None) -> list[Section]:

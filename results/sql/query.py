@@ -108,7 +108,7 @@ def views_of(
         from results.model import costmodel
 
         frame = calibration.to_pandas() if isinstance(calibration, pa.Table) else calibration
-        out["alpha_beta"] = costmodel.fits(frame).drop(columns=["curve_bytes", "curve_ms"], errors="ignore")
+        out["alpha_beta"] = costmodel.summary(frame)
     for name, where in ANALYSES.items():
         if rows is not None and _uses(sql, name):
             module, function = where.rsplit(".", 1)

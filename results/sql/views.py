@@ -30,5 +30,7 @@ VIEWS: dict[str, str] = {
     "calibration": "All-reduce time by message size on a group's own ranks (and the parameter broadcast), "
     "with algbw and busbw.",
     "alpha_beta": "The α–β fit of the calibration per cluster, sweep, world size, nodes and backend "
-    "(latency alpha_us, bandwidth beta_gbps, the worst relative residual).",
+    "(latency alpha_us, bandwidth beta_gbps, the worst relative residual), and the overlap model's terms "
+    "measured beside it: bucket_ms, the compute-stream cost per DDP bucket, and contention, how much longer "
+    "compute takes while an all-reduce runs (each with its 95% interval; null where not measured).",
 }

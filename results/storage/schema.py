@@ -164,9 +164,12 @@ CALIBRATION = pa.schema(
         pa.field("accelerator", pa.string()),
         pa.field("hosts", pa.list_(pa.string())),  # the hostnames of the ranks
         pa.field("measured_at", _TS),
-        pa.field("kind", pa.string()),  # all_reduce | broadcast_params
-        pa.field("size_bytes", pa.int64()),  # message bytes (fp32)
-        pa.field("time_ms", pa.float64()),  # median over iters of the slowest rank's time per op
+        pa.field(
+            "kind", pa.string()
+        ),  # all_reduce | broadcast_params | backward_alone | backward_contended | ddp_backward
+        pa.field("size_bytes", pa.int64()),  # message bytes (fp32); terms: the gradient's (contended: the all-reduce's)
+        pa.field("buckets", pa.int32()),  # ddp_backward: DDP buckets per backward (trainers.terms)
+        pa.field("time_ms", pa.float64()),  # median over iters of the slowest rank's time per op (or backward)
         pa.field("times_ms", pa.list_(pa.float64())),
         pa.field("iters", pa.int32()),
         pa.field("algbw_gbps", pa.float64()),  # size / time

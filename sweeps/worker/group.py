@@ -35,6 +35,8 @@ from trainers.perrank import device_id
 from trainers.replica import build_model
 from trainers.stats import median_rel_half_width
 from trainers.step import Extras, release, run_cell
+from trainers.terms import measure_terms
+from trainers.workload import generator
 
 
 def _placement(device: torch.device) -> list[dict]:
@@ -238,13 +240,18 @@ CPU_CALIBRATION_MAX_BYTES = 64 * 2**20  # fewer, smaller sizes on CPU
 
 
 def _calibrate(group: Group, device: torch.device, template) -> dict:
-    """An all-reduce sweep from 4 KB up to the model's gradient bytes (at least), and the parameter
-    broadcast, on this group's ranks; rank 0 gets {"kind": "calibration", "rows": [...]}."""
+    """An all-reduce sweep from 4 KB up to the model's gradient bytes (at least), the parameter broadcast, and
+    the overlap model's terms with the group's workload (trainers.terms), on this group's ranks; rank 0 gets
+    {"kind": "calibration", "rows": [...]}."""
     grad = grad_bytes(template.model)
     top = grad if device.type == "cuda" else min(max(grad, 1 << 20), CPU_CALIBRATION_MAX_BYTES)
     rows = allreduce_sweep(sizes_up_to(top), device, iters=20 if device.type == "cuda" else 10)
     bcast = broadcast_time(template.model, device)
-    return {"kind": "calibration", "rows": [*rows, bcast]} if rows else {}
+    first = group.first.step
+    batch = tuple(t.to(device) for t in template.workload.make_batch(first.micro_batch, generator(first.seed, 0, 0)))
+    measured = measure_terms(template.model, lambda m: template.workload.loss(m, batch), device, grad)
+    release(device)
+    return {"kind": "calibration", "rows": [*rows, bcast, *measured]} if rows else {}
 
 
 @dataclass

@@ -1,0 +1,156 @@
+"""The overlap model's two terms beyond t(bytes) (results.model.overlap.Terms), measured on a group's own ranks
+with its own workload, every rank at once:
+
+- contention κ: the workload's backward alone, and the same backward while all-reduces are in flight the whole
+  time (queued before it starts, as DDP queues its buckets): κ = contended / alone − 1;
+- per-bucket cost c: the backward of DDP with every parameter in a bucket of its own, and with one bucket, both
+  under a hook that does the default hook's local work (divide by the world size) and sends nothing, so the
+  difference is the reducer's work per bucket on the compute stream: c = (many − one) / (their bucket counts' gap).
+
+The four arms take turns in every repeat (after untimed warm-ups); each time is the slowest rank's, the device
+synchronized around it. Call on every rank of an initialized process group; rank 0 gets the rows (calibration
+rows: kind, size_bytes — the gradient's, or the contending all-reduce's —, buckets, time_ms = the median,
+times_ms per repeat).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainers.replica import autocast, gather_max
+
+REPEATS = 15
+WARMUP = 3
+MESSAGE_CAP = 25 * 2**20  # bytes: the contending all-reduce is the gradient's, at most PyTorch's default bucket
+COVER = 1.5  # the queued all-reduces last at least this many backwards
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for everything queued on the device (every stream)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _compute_done(device: torch.device) -> None:
+    """Wait for the compute stream only: NCCL's collectives run on their own stream and may still be in flight."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+class _Counter:
+    """The no-send hook's state: how many buckets it was handed."""
+
+    def __init__(self, world: int) -> None:
+        self.world, self.calls = world, 0
+
+
+def _local_only(state: _Counter, bucket):  # unannotated: DDP refuses a string annotation
+    """The default hook's work on this rank (the gradient divided by the world size), and nothing sent."""
+    state.calls += 1
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(bucket.buffer().div_(state.world))
+    return fut
+
+
+def _ddp(model: nn.Module, device: torch.device, cap_mb: float) -> tuple[DDP, _Counter]:
+    module = DDP(
+        copy.deepcopy(model), device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=cap_mb
+    )
+    counter = _Counter(dist.get_world_size())
+    module.register_comm_hook(counter, _local_only)
+    return module, counter
+
+
+def _timed_backward(module: nn.Module, loss_of: Callable, device: torch.device, queue: Callable = lambda: []) -> float:
+    """One backward's ms (its forward untimed; every rank starts together); `queue` launches the collectives
+    that run beside it, waited for after the timed region."""
+    with autocast(device):
+        loss = loss_of(module)
+    _sync(device)
+    dist.barrier()
+    works = queue()
+    t0 = time.perf_counter()
+    loss.backward()
+    _compute_done(device)
+    ms = (time.perf_counter() - t0) * 1e3
+    for w in works:
+        w.wait()
+    _sync(device)
+    module.zero_grad(set_to_none=True)
+    return ms
+
+
+def _allreduce_ms(buf: torch.Tensor, device: torch.device, n: int = 5) -> float:
+    dist.all_reduce(buf)
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        dist.all_reduce(buf)
+    _sync(device)
+    return (time.perf_counter() - t0) * 1e3 / n
+
+
+def _agreed_max(x: float, device: torch.device) -> float:
+    t = torch.tensor([x], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def measure_terms(
+    model: nn.Module, loss_of: Callable, device: torch.device, grad_bytes: int, repeats: int = REPEATS
+) -> list[dict] | None:
+    """The four arms on every rank (`loss_of(module)`: the workload's loss of one fixed micro-batch through
+    `module`), `repeats` times after WARMUP; rank 0 gets four calibration rows, the other ranks None."""
+    alone_model = copy.deepcopy(model)
+    size = min(grad_bytes, MESSAGE_CAP) // 4 * 4
+    buf = torch.zeros(size // 4, dtype=torch.float32, device=device)
+    many, many_count = _ddp(model, device, 1e-6)  # every parameter closes its own bucket
+    one, one_count = _ddp(model, device, grad_bytes / 2**20 + 1)
+    backward_ms = statistics.median(_timed_backward(alone_model, loss_of, device) for _ in range(WARMUP))
+    launches = min(200, math.ceil(_agreed_max(COVER * backward_ms / _allreduce_ms(buf, device), device)) + 1)
+
+    def queue() -> list:
+        return [dist.all_reduce(buf, async_op=True) for _ in range(launches)]
+
+    arms = {
+        "alone": lambda: _timed_backward(alone_model, loss_of, device),
+        "contended": lambda: _timed_backward(alone_model, loss_of, device, queue),
+        "many": lambda: _timed_backward(many, loss_of, device),
+        "one": lambda: _timed_backward(one, loss_of, device),
+    }
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    for r in range(WARMUP + repeats):
+        many_count.calls = one_count.calls = 0
+        for name, arm in arms.items():
+            ms = arm()
+            if r >= WARMUP:
+                times[name].append(ms)
+    slowest = {name: gather_max(ts, device) for name, ts in times.items()}
+    if dist.get_rank() != 0:
+        return None
+    return [
+        _row("backward_alone", slowest["alone"], size_bytes=grad_bytes),
+        _row("backward_contended", slowest["contended"], size_bytes=size),
+        _row("ddp_backward", slowest["many"], size_bytes=grad_bytes, buckets=many_count.calls),
+        _row("ddp_backward", slowest["one"], size_bytes=grad_bytes, buckets=one_count.calls),
+    ]
+
+
+def _row(kind: str, times: list[float], *, size_bytes: int | None = None, buckets: int | None = None) -> dict:
+    return {
+        "kind": kind,
+        "size_bytes": size_bytes,
+        "buckets": buckets,
+        "time_ms": statistics.median(times),
+        "times_ms": times,
+        "iters": len(times),
+    }
