@@ -17,6 +17,10 @@ two-namespace cluster of two_node_cluster.sh with --topology 2x1):
     sudo benchmarks/two_node_cluster.sh up 100mbit
     sudo benchmarks/two_node_cluster.sh exec python benchmarks/predict_check.py --address 169.254.77.1:6379 \
         --topology 2x1 --model-search --recsys-rows 20000
+    sudo benchmarks/two_node_cluster.sh up 400mbit     # then reshaped to where t(gradient) = the backward:
+    sudo benchmarks/two_node_cluster.sh exec python benchmarks/predict_check.py --address 169.254.77.1:6379 \
+        --topology 2x1 --only tiny --micro-batch 16 --seq-len 128 --caps 0.01,0.05,0.25,1,25 --gas 1 \
+        --rounds 20 --match-link 400
 """
 
 from __future__ import annotations
@@ -50,10 +54,20 @@ def cli(*args: str) -> str:
     return done.stdout
 
 
-def check(name: str, spec: dict, out: Path, where: list[str], model_search: bool, grid: bool = True) -> dict:
+def check(
+    name: str,
+    spec: dict,
+    out: Path,
+    where: list[str],
+    model_search: bool,
+    grid: bool = True,
+    link_mbit: float | None = None,
+) -> dict:
     """Calibrate, predict, measure the grid (unless `grid` is False: the store has it), compare; then, with
     `model_search`, search: model in a copy of the store without this workload's sweeps (its error comes from
-    the other workloads measured on the cluster, as a new workload's would)."""
+    the other workloads measured on the cluster, as a new workload's would). With `link_mbit` (the two-namespace
+    link's rate now), the link is first reshaped to the rate at which the whole gradient's all-reduce takes as
+    long as the profiled backward, and calibrated again there."""
     path, searched = out / f"{name}.yaml", out / f"{name}-model.yaml"
     path.write_text(yaml.safe_dump(spec))
     searched.write_text(yaml.safe_dump(spec | {"name": f"{spec['name']}-model", "search": "model"}))
@@ -62,7 +76,12 @@ def check(name: str, spec: dict, out: Path, where: list[str], model_search: bool
     if grid:
         cli("calibrate", str(path), *results, *where)
     before = json.loads(cli("predict", str(path), *results, "--format", "json"))
-    got: dict = {"before": before, "calibrate_and_predict_s": time.perf_counter() - t0}
+    got: dict = {}
+    if grid and link_mbit:
+        got["link"] = match_link(out / "store", spec["cluster"], link_mbit)
+        cli("calibrate", str(path), *results, *where)
+        before = json.loads(cli("predict", str(path), *results, "--format", "json"))
+    got |= {"before": before, "calibrate_and_predict_s": time.perf_counter() - t0}
     if grid:
         t1 = time.perf_counter()
         cli("run", str(path), *results, *where, "--sweep", f"m-{name}")
@@ -95,6 +114,26 @@ def search_outcome(name: str, grid_store: list[str], search_store: list[str]) ->
         for b, s in zip(both["best_bucket_cap_mb_model"], both["indistinguishable_buckets_mb_grid"], strict=True)
     ]
     return {"grid_measurements": n_grid, "model_measurements": n_model, "curves": both}
+
+
+def match_link(store: Path, cluster: str, mbit: float) -> str:
+    """Reshape the two-namespace link so that t(whole gradient) = the profiled backward: the rate scales the
+    bandwidth part of t, (t − α) ∝ 1 / rate. Returns both figures and the rate chosen."""
+    from results.model import costmodel, predicted
+    from results.storage.store import Store, load_calibration
+
+    cal = load_calibration(str(store), cluster)
+    fit = costmodel.fits(cal).iloc[-1]
+    (prof,) = predicted.profiles_of(Store.open(str(store)).read_profiles().to_pandas()).values()
+    t_grad = predicted.newest_costs(cal)[(cluster, int(fit["world_size"]), int(fit["num_nodes"]))](prof.gradient_bytes)
+    alpha = float(fit["alpha_ms"])
+    rate = mbit * (t_grad - alpha) / max(prof.backward_ms - alpha, 1e-3)
+    script = ROOT / "benchmarks" / "two_node_cluster.sh"
+    subprocess.run(["bash", str(script), "rate", f"{rate:.0f}mbit"], check=True, capture_output=True)
+    return (
+        f"at {mbit:g} Mbit/s: t(gradient, {prof.gradient_bytes} B) {t_grad:.1f} ms against the profiled backward "
+        f"{prof.backward_ms:.1f} ms (alpha {alpha * 1e3:.0f} us): the link reshaped to {rate:.0f} Mbit/s"
+    )
 
 
 def judge(store: Path, cluster: str, sweep: str) -> pd.DataFrame:
@@ -192,6 +231,9 @@ def main() -> None:
     ap.add_argument("--gas", default=None, help="gas values, comma-separated; with it no_sync is false only")
     ap.add_argument("--micro-batch", type=int, default=None, help="the workload's micro-batch")
     ap.add_argument("--seq-len", type=int, default=None, help="the tiny preset's sequence length")
+    ap.add_argument(
+        "--match-link", type=float, default=None, metavar="MBIT", help="the link's rate now: reshape it first"
+    )
     args = ap.parse_args()
     where = [] if args.address is None else ["--address", args.address]
     cluster = "predict" if args.address is None else f"predict-{args.topology}"
@@ -215,9 +257,12 @@ def main() -> None:
             where,
             args.model_search,
             grid=not args.no_grid,
+            link_mbit=args.match_link,
         )
         cells = pd.DataFrame(got["after"]["cells"])
         print(f"\n== {name}: calibrate + predict {got['calibrate_and_predict_s']:.0f} s, all {got['wall_s']:.0f} s")
+        if "link" in got:
+            print(f"the link: {got['link']}")
         print("per cell (slowdown 1): predicted / measured, ms")
         shown = cells[["gas", "no_sync", "bucket_cap_mb", "predicted_ms", "step_ms", "prediction_error"]]
         print(shown.sort_values(["gas", "no_sync", "bucket_cap_mb"]).to_string(index=False, float_format="%.3g"))

@@ -3,6 +3,7 @@
 #
 #   sudo benchmarks/two_node_cluster.sh up [RATE]     # RATE: a tc rate, default 100mbit
 #   sudo benchmarks/two_node_cluster.sh exec CMD...   # run CMD in node A (the head), e.g. a ddpsweep run
+#   sudo benchmarks/two_node_cluster.sh rate RATE     # reshape the running link to RATE (both directions)
 #   sudo benchmarks/two_node_cluster.sh down          # stop both Ray nodes, delete both namespaces
 #   sudo benchmarks/two_node_cluster.sh demo [RATE]   # up, the scaling sweep of the tiny model, down
 #
@@ -90,6 +91,13 @@ EOF
 
 run() { in_ns $NS_A "$@"; }
 
+rate() {
+  for ns in $NS_A $NS_B; do
+    ip netns exec "$ns" tc qdisc change dev ddp0 root tbf rate "$1" burst 64kb latency 100ms
+  done
+  echo "link ddp0 now at $1"
+}
+
 demo() {
   local rate=${1:-100mbit}
   cd "$(dirname "$0")/.."
@@ -110,7 +118,8 @@ demo() {
 case "${1:-}" in
   up) up "${2:-100mbit}" ;;
   down) down ;;
+  rate) rate "$2" ;;
   exec) shift; run "$@" ;;
   demo) demo "${2:-100mbit}" ;;
-  *) sed -n '2,16p' "$0"; exit 2 ;;
+  *) sed -n '2,17p' "$0"; exit 2 ;;
 esac

@@ -103,11 +103,20 @@ def test_compute_slows_while_a_collective_is_in_flight():
     assert curve(fast, overlap.Terms(contention=1.0))[10_000] == pytest.approx(5 + 8.55 + 1)
 
 
+def test_the_group_scales_compute_as_a_measured_slowdown_would():
+    # g = 2: the same step as the slowdown test's compute x2 (10 + max(16, 16) + 2), and the two multiply
+    assert overlap.predict_step(PROFILE, [[3, 2], [1, 0]], t, terms=overlap.Terms(compute=2.0)).step_ms == 28.0
+    both = overlap.predict_step(PROFILE, [[3, 2], [1, 0]], t, slowdown=0.5, terms=overlap.Terms(compute=2.0))
+    assert both.step_ms == overlap.predict_step(PROFILE, [[3, 2], [1, 0]], t).step_ms == 20.0
+
+
 def test_terms_are_finite_and_not_negative():
     with pytest.raises(ValueError, match="bucket_ms"):
         overlap.Terms(bucket_ms=-1.0)
     with pytest.raises(ValueError, match="contention"):
         overlap.Terms(contention=float("nan"))
+    with pytest.raises(ValueError, match="compute"):
+        overlap.Terms(compute=0.0)
 
 
 def test_accuracy_of_a_curve():

@@ -35,7 +35,8 @@ def calibrate(
     terms: bool = False,
 ) -> None:
     """A 1x2 calibration of t(m) = alpha + m / beta on `cluster` (what `ddpsweep calibrate` writes); with
-    `terms`, the overlap terms' rows too: c = (13 − 10.2) / (29 − 1) = 0.1 ms per bucket, κ = 12 / 10 − 1 = 0.2."""
+    `terms`, the overlap terms' rows too: g = 10 / 8 = 1.25, c = (13 − 10.2) / (29 − 1) = 0.1 ms per bucket,
+    κ = 12 / 10 − 1 = 0.2."""
     rows = [*term_rows()] if terms else []
     for size in (2**k for k in range(10, 24, 2)):
         ms = alpha_ms + size / (gbps * 1e9) * 1e3
@@ -53,6 +54,7 @@ def term_rows() -> list[dict]:
         return {"kind": kind, "time_ms": ms, "times_ms": times, "iters": 15} | extra
 
     return [
+        arm("backward_solo", 8.0, size_bytes=1 << 20),
         arm("backward_alone", 10.0, size_bytes=1 << 20),
         arm("backward_contended", 12.0, size_bytes=1 << 20),
         arm("ddp_backward", 13.0, size_bytes=1 << 20, buckets=29),
@@ -220,10 +222,11 @@ def test_the_measured_overlap_terms_reach_the_prediction_and_the_alpha_beta_view
     root = str(tmp_path)
     calibrate(root, terms=True)
     cost = predicted.newest_costs(load_calibration(root, "lab"))[("lab", 2, 1)]
-    assert cost.terms.bucket_ms == pytest.approx(0.1) and cost.terms.contention == pytest.approx(0.2)
-    view = query(root, "select bucket_ms, bucket_ms_ci_lo, contention, contention_bytes from alpha_beta")
+    got = cost.terms
+    assert (got.compute, got.bucket_ms, got.contention) == pytest.approx((1.25, 0.1, 0.2))
+    view = query(root, "select compute, bucket_ms, bucket_ms_ci_lo, contention, contention_bytes from alpha_beta")
     assert view.iloc[0].to_dict() == pytest.approx(
-        {"bucket_ms": 0.1, "bucket_ms_ci_lo": 0.1, "contention": 0.2, "contention_bytes": 1 << 20}
+        {"compute": 1.25, "bucket_ms": 0.1, "bucket_ms_ci_lo": 0.1, "contention": 0.2, "contention_bytes": 1 << 20}
     )
     prof = overlap.Profile(
         forward_ms=5, backward_ms=8, optimizer_ms=1, ready_ms=(6.0, 4.0), nbytes=(4000, 4000), order=(1, 0)
@@ -231,7 +234,7 @@ def test_the_measured_overlap_terms_reach_the_prediction_and_the_alpha_beta_view
     knobs = {"mode": "ddp", "gas": 1, "no_sync": False, "comm_hook": "none", "bucket_cap_mb": 1e-6}
     with_terms = predicted.predict_one(knobs, prof, cost)["predicted_ms"]
     without = predicted.predict_one(knobs, prof, predicted.Cost(cost.t))["predicted_ms"]
-    assert with_terms > without  # two buckets: 2 x 0.1 ms on the backward at least, and contention beside them
+    assert with_terms > 1.25 * without  # compute x 1.25, 2 x 0.1 ms on the backward, and contention beside them
     calibrate(str(tmp_path / "old"))  # a calibration from before the terms: the plain model, and nulls in the view
     assert (
         predicted.newest_costs(load_calibration(str(tmp_path / "old"), "lab"))[("lab", 2, 1)].terms == overlap.NO_TERMS

@@ -1,16 +1,19 @@
-"""The overlap model's two terms beyond t(bytes) (results.model.overlap.Terms), measured on a group's own ranks
-with its own workload, every rank at once:
+"""The overlap model's terms beyond t(bytes) (results.model.overlap.Terms), measured on a group's own ranks
+with its own workload:
 
-- contention κ: the workload's backward alone, and the same backward while all-reduces are in flight the whole
-  time (queued before it starts, as DDP queues its buckets): κ = contended / alone − 1;
+- sharing g: the workload's backward on rank 0 while the other ranks wait (solo, as the profile runs), and on
+  every rank at once (alone: no communication, but the peers' compute beside it: on a CPU node they share the
+  cores): g = alone / solo, how much slower the profile's compute runs inside the group;
+- contention κ: the backward on every rank at once, alone and while all-reduces are in flight the whole time
+  (queued before it starts, as DDP queues its buckets): κ = contended / alone − 1;
 - per-bucket cost c: the backward of DDP with every parameter in a bucket of its own, and with one bucket, both
   under a hook that does the default hook's local work (divide by the world size) and sends nothing, so the
   difference is the reducer's work per bucket on the compute stream: c = (many − one) / (their bucket counts' gap).
 
-The four arms take turns in every repeat (after untimed warm-ups); each time is the slowest rank's, the device
-synchronized around it. Call on every rank of an initialized process group; rank 0 gets the rows (calibration
-rows: kind, size_bytes — the gradient's, or the contending all-reduce's —, buckets, time_ms = the median,
-times_ms per repeat).
+The five arms take turns in every repeat, in reverse order every other repeat (after untimed warm-ups); each
+time is the slowest rank's (solo: rank 0's), the device synchronized around it. Call on every rank of an
+initialized process group; rank 0 gets the rows (calibration rows: kind, size_bytes — the gradient's, or the
+contending all-reduce's —, buckets, time_ms = the median, times_ms per repeat).
 """
 
 from __future__ import annotations
@@ -70,9 +73,15 @@ def _ddp(model: nn.Module, device: torch.device, cap_mb: float) -> tuple[DDP, _C
     return module, counter
 
 
-def _timed_backward(module: nn.Module, loss_of: Callable, device: torch.device, queue: Callable = lambda: []) -> float:
+def _timed_backward(
+    module: nn.Module, loss_of: Callable, device: torch.device, queue: Callable = lambda: [], solo: bool = False
+) -> float:
     """One backward's ms (its forward untimed; every rank starts together); `queue` launches the collectives
-    that run beside it, waited for after the timed region."""
+    that run beside it, waited for after the timed region. `solo`: rank 0 alone, the others wait (0 ms)."""
+    if solo and dist.get_rank() != 0:
+        dist.barrier()
+        dist.barrier()
+        return 0.0
     with autocast(device):
         loss = loss_of(module)
     _sync(device)
@@ -86,6 +95,8 @@ def _timed_backward(module: nn.Module, loss_of: Callable, device: torch.device, 
         w.wait()
     _sync(device)
     module.zero_grad(set_to_none=True)
+    if solo:
+        dist.barrier()
     return ms
 
 
@@ -108,8 +119,8 @@ def _agreed_max(x: float, device: torch.device) -> float:
 def measure_terms(
     model: nn.Module, loss_of: Callable, device: torch.device, grad_bytes: int, repeats: int = REPEATS
 ) -> list[dict] | None:
-    """The four arms on every rank (`loss_of(module)`: the workload's loss of one fixed micro-batch through
-    `module`), `repeats` times after WARMUP; rank 0 gets four calibration rows, the other ranks None."""
+    """The five arms on every rank (`loss_of(module)`: the workload's loss of one fixed micro-batch through
+    `module`), `repeats` times after WARMUP; rank 0 gets five calibration rows, the other ranks None."""
     alone_model = copy.deepcopy(model)
     size = min(grad_bytes, MESSAGE_CAP) // 4 * 4
     buf = torch.zeros(size // 4, dtype=torch.float32, device=device)
@@ -122,6 +133,7 @@ def measure_terms(
         return [dist.all_reduce(buf, async_op=True) for _ in range(launches)]
 
     arms = {
+        "solo": lambda: _timed_backward(alone_model, loss_of, device, solo=True),
         "alone": lambda: _timed_backward(alone_model, loss_of, device),
         "contended": lambda: _timed_backward(alone_model, loss_of, device, queue),
         "many": lambda: _timed_backward(many, loss_of, device),
@@ -130,14 +142,15 @@ def measure_terms(
     times: dict[str, list[float]] = {name: [] for name in arms}
     for r in range(WARMUP + repeats):
         many_count.calls = one_count.calls = 0
-        for name, arm in arms.items():
-            ms = arm()
+        for name in list(arms) if r % 2 == 0 else list(arms)[::-1]:  # every arm early and late in turn
+            ms = arms[name]()
             if r >= WARMUP:
                 times[name].append(ms)
     slowest = {name: gather_max(ts, device) for name, ts in times.items()}
     if dist.get_rank() != 0:
         return None
     return [
+        _row("backward_solo", slowest["solo"], size_bytes=grad_bytes),
         _row("backward_alone", slowest["alone"], size_bytes=grad_bytes),
         _row("backward_contended", slowest["contended"], size_bytes=size),
         _row("ddp_backward", slowest["many"], size_bytes=grad_bytes, buckets=many_count.calls),

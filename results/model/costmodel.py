@@ -7,10 +7,11 @@ Fitted per (cluster, sweep, world size, nodes, backend) by least squares on the 
 largest relative residual is reported, and where it exceeds POOR_FIT the measured curve itself is used
 (log-log interpolation, linear extrapolation in m beyond it) instead of the line.
 
-Beside t(m), the overlap model's two terms (results.model.overlap.Terms) from the calibration's term rows
+Beside t(m), the overlap model's terms (results.model.overlap.Terms) from the calibration's term rows
 (trainers.terms measures them on the same ranks), each the median of its repeats' paired values with a
 bootstrap 95% interval:
 
+    g = backward_alone / backward_solo                                                          compute sharing
     c = (ddp_backward[most buckets] − ddp_backward[one bucket]) / (the bucket counts' gap)     ms per bucket
     κ = backward_contended / backward_alone − 1
 """
@@ -71,43 +72,43 @@ def predict_ms(fit: pd.Series, sizes_bytes: list[int] | np.ndarray) -> np.ndarra
     return np.where(beyond, fit["curve_ms"][-1] + (m - fit["curve_bytes"][-1]) * last_rate, inside)
 
 
-TERM_COLUMNS = ["bucket_ms", "bucket_ms_ci_lo", "bucket_ms_ci_hi", "contention", "contention_ci_lo", "contention_ci_hi"]
-TERM_COLUMNS += ["contention_bytes"]
-TERM_KINDS = ("backward_alone", "backward_contended", "ddp_backward")  # trainers.terms' rows
+TERMS = ("compute", "bucket_ms", "contention")  # g, c, κ
+TERM_COLUMNS = [f"{t}{s}" for t in TERMS for s in ("", "_ci_lo", "_ci_hi")] + ["contention_bytes"]
+TERM_KINDS = ("backward_solo", "backward_alone", "backward_contended", "ddp_backward")  # trainers.terms' rows
 
 
 def terms(calibration: pd.DataFrame) -> pd.DataFrame:
-    """Per (cluster, sweep, world size, nodes, backend) whose calibration measured them: c and κ, each with its
-    interval, and the contending all-reduce's bytes."""
+    """Per (cluster, sweep, world size, nodes, backend) whose calibration measured them: g, c and κ, each with
+    its interval (null where its rows are missing), and the contending all-reduce's bytes."""
     lines = []
     rows = calibration[calibration["kind"].isin(TERM_KINDS)] if len(calibration) else calibration
     for key, grp in rows.groupby(FIT_KEYS, dropna=False) if not rows.empty else []:
-        measured = _terms_of(grp)
-        if measured is not None:
-            lines.append(dict(zip(FIT_KEYS, key, strict=True)) | measured)
+        lines.append(dict(zip(FIT_KEYS, key, strict=True)) | _terms_of(grp))
     return pd.DataFrame(lines, columns=[*FIT_KEYS, *TERM_COLUMNS])
 
 
-def _terms_of(grp: pd.DataFrame) -> dict | None:
-    """c and κ from one placement's term rows, pairing repeats within each group; None where a term is missing."""
-    pairs: dict[str, list[np.ndarray]] = {"bucket_ms": [], "contention": []}
+def _terms_of(grp: pd.DataFrame) -> dict:
+    """g, c and κ from one placement's term rows, pairing repeats within each worker group."""
+    pairs: dict[str, list[np.ndarray]] = {t: [] for t in TERMS}
     size = None
     for _, g in grp.groupby("group_id", dropna=False):
         kind = {k: g[g["kind"] == k] for k in TERM_KINDS}
-        if len(kind["backward_alone"]) and len(kind["backward_contended"]):
-            alone, contended = kind["backward_alone"].iloc[-1], kind["backward_contended"].iloc[-1]
-            pairs["contention"].append(_paired(contended["times_ms"], alone["times_ms"]) - 1)
+        last = {k: v.iloc[-1] for k, v in kind.items() if len(v) and k != "ddp_backward"}
+        if {"backward_solo", "backward_alone"} <= set(last):
+            pairs["compute"].append(_paired(last["backward_alone"]["times_ms"], last["backward_solo"]["times_ms"]))
+        if {"backward_alone", "backward_contended"} <= set(last):
+            contended = last["backward_contended"]
+            pairs["contention"].append(_paired(contended["times_ms"], last["backward_alone"]["times_ms"]) - 1)
             size = int(contended["size_bytes"])
         ddp = kind["ddp_backward"].dropna(subset=["buckets"]).sort_values("buckets")
         if len(ddp) >= 2 and ddp["buckets"].iloc[-1] > ddp["buckets"].iloc[0]:
             one, many = ddp.iloc[0], ddp.iloc[-1]
             gap = float(many["buckets"] - one["buckets"])
             pairs["bucket_ms"].append((np.asarray(many["times_ms"], float) - np.asarray(one["times_ms"], float)) / gap)
-    if not pairs["bucket_ms"] or not pairs["contention"]:
-        return None
     out: dict = {"contention_bytes": size}
     for name, values in pairs.items():
-        out[name], out[f"{name}_ci_lo"], out[f"{name}_ci_hi"] = _median_interval(np.concatenate(values))
+        got = _median_interval(np.concatenate(values)) if values else (None, None, None)
+        out[name], out[f"{name}_ci_lo"], out[f"{name}_ci_hi"] = got
     return out
 
 
@@ -134,11 +135,16 @@ def summary(calibration: pd.DataFrame) -> pd.DataFrame:
 
 def describe_terms(line: object) -> str:
     """A summary() line's terms in words, or why there are none."""
-    c, k = getattr(line, "bucket_ms", None), getattr(line, "contention", None)
-    if c is None or k is None or c != c or k != k:
+    got = {t: getattr(line, t, None) for t in TERMS}
+    if all(v is None or v != v for v in got.values()):
         return "no overlap terms (measured by `ddpsweep calibrate` since they exist)"
-    lo_c, hi_c = line.bucket_ms_ci_lo * 1e3, line.bucket_ms_ci_hi * 1e3
+
+    def figure(name: str, scale: float, fmt: str) -> str:
+        v, lo, hi = (getattr(line, f"{name}{s}") for s in ("", "_ci_lo", "_ci_hi"))
+        return "not measured" if v is None or v != v else f"{v * scale:{fmt}} [{lo * scale:{fmt}}, {hi * scale:{fmt}}]"
+
     return (
-        f"per bucket {c * 1e3:.0f} us [{lo_c:.0f}, {hi_c:.0f}] on the compute stream, compute "
-        f"{k:+.0%} [{line.contention_ci_lo:+.0%}, {line.contention_ci_hi:+.0%}] while an all-reduce runs"
+        f"compute x{figure('compute', 1, '.2f')} beside the group's other ranks, per bucket "
+        f"{figure('bucket_ms', 1e3, '.0f')} us on the compute stream, compute {figure('contention', 1, '+.0%')} "
+        "while an all-reduce runs"
     )

@@ -2,9 +2,12 @@
 
 Pure (numpy only): the inputs are a `Profile` (trainers.profile measures it on one rank, outside DDP), the
 cell's knobs and t(bytes), the all-reduce time of a message on the cell's placement (results.model.costmodel fits it
-to a calibration). For one micro-step, with two terms of the cluster beyond t(bytes) (`Terms`, measured by
-`ddpsweep calibrate` on the placement's ranks; both 0 reproduce the plain α–β overlap model):
+to a calibration). For one micro-step, with three terms of the cluster beyond t(bytes) (`Terms`, measured by
+`ddpsweep calibrate` on the placement's ranks; g = 1, c = κ = 0 reproduce the plain α–β overlap model):
 
+    g           sharing: the profile's compute (one rank alone) takes g times as long inside the group, where the
+                other ranks compute too (a CPU node's cores, a GPU host's memory and PCIe); every time below is
+                the profile's x g
     c           per-bucket cost on the compute stream, ms: the reducer's work for each bucket (the copy into it,
                 the hook, the launch) delays everything after it in the backward
     κ           contention: compute runs at 1 / (1 + κ) of its rate while a collective is in flight (gloo's
@@ -26,8 +29,8 @@ The left arm of the U-curve comes from c and κ: many small buckets put c on the
 start communicating early, so more of the backward runs slowed. α–β alone only charges the comm stream.
 
 Where it is known to be wrong, in the direction it errs:
-- the profile's compute is one rank alone; κ covers the collectives' share of the device, not the other ranks'
-  compute sharing a CPU node's cores (too fast there);
+- g, c and κ are measured with one micro-batch of the calibrating spec's workload; another workload on the
+  placement borrows them;
 - t(bytes) is an all-reduce alone on an idle group; a collective is not slowed by the compute beside it (too fast
   where communication dominates);
 - PowerSGD and compiled steps are not modeled (None): their communication is not DDP's buckets.
@@ -137,16 +140,20 @@ def layout_for(profile: Profile, bucket_cap_mb: float, first_bucket_mb: float | 
 class Terms:
     """The cluster's costs beyond t(bytes), measured on a placement's ranks (sweeps' calibration)."""
 
+    compute: float = 1.0
+    """g: the profile's compute takes g times as long beside the group's other ranks."""
     bucket_ms: float = 0.0
     """c: compute-stream time per DDP bucket (copy into the bucket, hook, launch), ms."""
     contention: float = 0.0
     """κ: compute takes (1 + κ) times as long while a collective is in flight."""
 
     def __post_init__(self) -> None:
-        for name in ("bucket_ms", "contention"):
+        for name in ("compute", "bucket_ms", "contention"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"{name}: {v!r} is not a finite number >= 0")
+        if self.compute == 0:
+            raise ValueError("compute: 0 is not a factor of compute time (> 0)")
 
 
 NO_TERMS = Terms()
@@ -212,7 +219,8 @@ def predict_step(
     slowdown: float = 1.0,
     terms: Terms = NO_TERMS,
 ) -> Step:
-    """The step of a DDP cell (see the module docstring); `slowdown` scales the profile's compute."""
+    """The step of a DDP cell (see the module docstring); `slowdown` scales the profile's compute (beside g)."""
+    slowdown *= terms.compute
     fwd, bwd, opt = (x * slowdown for x in (profile.forward_ms, profile.backward_ms, profile.optimizer_ms))
     scaled = Profile(
         forward_ms=fwd,

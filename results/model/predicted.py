@@ -88,9 +88,15 @@ def newest_costs(calibration: pd.DataFrame) -> dict[tuple[str, int, int], Cost]:
 
 
 def terms_of(measured: pd.Series) -> overlap.Terms:
-    """The model's terms from costmodel.terms()' line: each median, none below 0 (a negative median is a term
-    this calibration could not tell from nothing)."""
-    return overlap.Terms(bucket_ms=max(0.0, measured["bucket_ms"]), contention=max(0.0, measured["contention"]))
+    """The model's terms from costmodel.terms()' line: each median, g at least 1 and c, κ at least 0 (beyond
+    them is a term this calibration could not tell from nothing); a term not measured has its neutral value."""
+
+    def median(name: str, neutral: float) -> float:
+        v = measured.get(name)
+        return neutral if v is None or pd.isna(v) else max(neutral, float(v))
+
+    g, c, k = median("compute", 1.0), median("bucket_ms", 0.0), median("contention", 0.0)
+    return overlap.Terms(compute=g, bucket_ms=c, contention=k)
 
 
 def cost(fit: pd.Series) -> Callable[[int], float]:

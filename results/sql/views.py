@@ -31,6 +31,7 @@ VIEWS: dict[str, str] = {
     "with algbw and busbw.",
     "alpha_beta": "The α–β fit of the calibration per cluster, sweep, world size, nodes and backend "
     "(latency alpha_us, bandwidth beta_gbps, the worst relative residual), and the overlap model's terms "
-    "measured beside it: bucket_ms, the compute-stream cost per DDP bucket, and contention, how much longer "
-    "compute takes while an all-reduce runs (each with its 95% interval; null where not measured).",
+    "measured beside it: compute, how many times longer one rank's compute takes beside the group's other ranks; "
+    "bucket_ms, the compute-stream cost per DDP bucket; contention, how much longer compute takes while an "
+    "all-reduce runs (each with its 95% interval; null where not measured).",
 }
