@@ -42,6 +42,7 @@ GRID = {"bucket_cap_mb": [0.05, 0.25, 1, 5, 25, 100], "gas": [1, 4], "no_sync": 
 COMMON = {"workers": [2], "backend": "gloo", "use_gpu": False, "cpus_per_worker": 1, "warmup_steps": 3}
 WORKLOADS = {
     "tiny": {"model": "tiny", "micro_batch": 8, "seq_len": 64, "timed_steps": 20},
+    "small": {"model": "small", "micro_batch": 8, "seq_len": 128, "timed_steps": 10},
     "recsys": yaml.safe_load((ROOT / "sweeps/specs/recsys.yaml").read_text())
     | {"timed_steps": 10, "cell_timeout_s": 600},
 }
@@ -183,21 +184,18 @@ def link_figures(store: Path, cluster: str) -> str:
     from results.storage.store import Store, load_calibration
 
     cal = load_calibration(str(store), cluster)
-    costs = predicted.newest_costs(cal)
     profiles = predicted.profiles_of(Store.open(str(store)).read_profiles().to_pandas())
     lines = []
-    for line in costmodel.summary(cal).itertuples():
-        cost = costs[(line.cluster, int(line.world_size), int(line.num_nodes))]
+    for (_, fit), line in zip(costmodel.fits(cal).iterrows(), costmodel.summary(cal).itertuples(), strict=True):
+        cost = predicted.cost(fit)  # this calibration's t(bytes), not only the newest
         lines.append(
-            f"{line.world_size} ranks / {line.num_nodes} node(s): alpha {line.alpha_ms * 1e3:.0f} us, "
-            f"beta {line.beta_gbps:.3f} GB/s; {costmodel.describe_terms(line)}"
+            f"{line.sweep_id}, {line.world_size} ranks / {line.num_nodes} node(s): alpha {line.alpha_ms * 1e3:.0f} "
+            f"us, beta {line.beta_gbps:.3f} GB/s; {costmodel.describe_terms(line)}"
         )
         for (c, _), prof in profiles.items():
             if c == line.cluster:
-                grad = prof.gradient_bytes
-                lines.append(
-                    f"  profile: backward {prof.backward_ms:.1f} ms; t(gradient, {grad} B) {cost(grad):.1f} ms"
-                )
+                what = f"t(gradient, {prof.gradient_bytes} B) {cost(prof.gradient_bytes):.1f} ms"
+                lines.append(f"  profile: backward {prof.backward_ms:.1f} ms; {what}")
     return "\n".join(lines)
 
 
@@ -230,7 +228,7 @@ def main() -> None:
     ap.add_argument("--caps", default=None, help="bucket_cap_mb values, comma-separated (default: the grid's)")
     ap.add_argument("--gas", default=None, help="gas values, comma-separated; with it no_sync is false only")
     ap.add_argument("--micro-batch", type=int, default=None, help="the workload's micro-batch")
-    ap.add_argument("--seq-len", type=int, default=None, help="the tiny preset's sequence length")
+    ap.add_argument("--seq-len", type=int, default=None, help="the GPT presets' sequence length")
     ap.add_argument(
         "--match-link", type=float, default=None, metavar="MBIT", help="the link's rate now: reshape it first"
     )
@@ -241,11 +239,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     pd.set_option("display.width", 220)
     for name, base in WORKLOADS.items():
-        if args.only not in (None, name):
+        if (args.only is None and name == "small") or args.only not in (None, name):  # small: when asked for
             continue
         spec = base | COMMON | grid_of(args) | {"name": f"predict-{name}", "cluster": cluster, "repeats": args.rounds}
         spec |= {"micro_batch": args.micro_batch} if args.micro_batch else {}
-        spec |= {"seq_len": args.seq_len} if args.seq_len and name == "tiny" else {}
+        spec |= {"seq_len": args.seq_len} if args.seq_len and name in ("tiny", "small") else {}
         spec |= {"topology": [args.topology]} if args.topology != "1x2" else {}
         spec |= {"env": {"GLOO_SOCKET_IFNAME": "ddp0"}} if args.address else {}
         if args.recsys_rows and "workload_args" in spec:
