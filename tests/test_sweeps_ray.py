@@ -10,6 +10,7 @@ import pytest
 import ray
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
+from results.model import costmodel
 from results.sql.query import query
 from results.storage.store import Store, load
 from sweeps.driver.runner import execute
@@ -101,7 +102,8 @@ def test_group_measures_every_pair_in_rounds_and_one_rank_failing_mid_backward_i
     assert_round_order(first.rows)
     assert json.loads(ddp[0]["env"])["NCCL_DEBUG"] == "WARN"  # the spec's env reached the workers
     cal = Store.open(str(tmp_path)).read_calibration("test").to_pandas()  # only the 2-rank group calibrates
-    assert set(cal["world_size"]) == {2} and set(cal["kind"]) == {"all_reduce", "broadcast_params"}
+    kinds = {"all_reduce", "broadcast_params", *costmodel.TERM_KINDS}  # the collectives and the overlap terms' arms
+    assert set(cal["world_size"]) == {2} and set(cal["kind"]) == kinds
     ar = cal[cal["kind"] == "all_reduce"].sort_values("size_bytes")
     grad_bytes = next(r["grad_bytes"] for r in ddp if r["status"] == "ok")
     assert ar["size_bytes"].iloc[-1] >= grad_bytes and (ar["time_ms"] > 0).all()
