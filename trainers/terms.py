@@ -30,6 +30,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainers.replica import autocast, gather_max
+from trainers.timing import time_steps
 
 REPEATS = 15
 WARMUP = 3
@@ -100,22 +101,6 @@ def _timed_backward(
     return ms
 
 
-def _allreduce_ms(buf: torch.Tensor, device: torch.device, n: int = 5) -> float:
-    dist.all_reduce(buf)
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        dist.all_reduce(buf)
-    _sync(device)
-    return (time.perf_counter() - t0) * 1e3 / n
-
-
-def _agreed_max(x: float, device: torch.device) -> float:
-    t = torch.tensor([x], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
 def measure_terms(
     model: nn.Module, loss_of: Callable, device: torch.device, grad_bytes: int, repeats: int = REPEATS
 ) -> list[dict] | None:
@@ -127,7 +112,9 @@ def measure_terms(
     many, many_count = _ddp(model, device, 1e-6)  # every parameter closes its own bucket
     one, one_count = _ddp(model, device, grad_bytes / 2**20 + 1)
     backward_ms = statistics.median(_timed_backward(alone_model, loss_of, device) for _ in range(WARMUP))
-    launches = min(200, math.ceil(_agreed_max(COVER * backward_ms / _allreduce_ms(buf, device), device)) + 1)
+    dist.all_reduce(buf)  # warm
+    allreduce_ms = statistics.median(time_steps(lambda: dist.all_reduce(buf), 5, lambda: _sync(device)))
+    launches = min(200, math.ceil(gather_max([COVER * backward_ms / allreduce_ms], device)[0]) + 1)  # every rank alike
 
     def queue() -> list:
         return [dist.all_reduce(buf, async_op=True) for _ in range(launches)]

@@ -21,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from results.analysis.uncertainty import interval
+
 FIT_KEYS = ["cluster", "sweep_id", "world_size", "num_nodes", "backend"]
 POOR_FIT = 0.25  # relative residual above which the measured curve is used instead of the fit
 
@@ -80,10 +82,9 @@ TERM_KINDS = ("backward_solo", "backward_alone", "backward_contended", "ddp_back
 def terms(calibration: pd.DataFrame) -> pd.DataFrame:
     """Per (cluster, sweep, world size, nodes, backend) whose calibration measured them: g, c and κ, each with
     its interval (null where its rows are missing), and the contending all-reduce's bytes."""
-    lines = []
     rows = calibration[calibration["kind"].isin(TERM_KINDS)] if len(calibration) else calibration
-    for key, grp in rows.groupby(FIT_KEYS, dropna=False) if not rows.empty else []:
-        lines.append(dict(zip(FIT_KEYS, key, strict=True)) | _terms_of(grp))
+    groups = rows.groupby(FIT_KEYS, dropna=False) if len(rows) else []
+    lines = [dict(zip(FIT_KEYS, key, strict=True)) | _terms_of(grp) for key, grp in groups]
     return pd.DataFrame(lines, columns=[*FIT_KEYS, *TERM_COLUMNS])
 
 
@@ -122,9 +123,8 @@ def _paired(a: object, b: object) -> np.ndarray:
 def _median_interval(values: np.ndarray, n_boot: int = 1000) -> tuple[float, float, float]:
     """The median and its 95% bootstrap interval (a fixed seed: the same rows give the same figures)."""
     rng = np.random.default_rng(0)
-    boot = np.median(rng.choice(values, size=(n_boot, len(values))), axis=1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return float(np.median(values)), float(lo), float(hi)
+    lo, hi = interval(np.median(rng.choice(values, size=(n_boot, len(values))), axis=1))
+    return float(np.median(values)), lo, hi
 
 
 def summary(calibration: pd.DataFrame) -> pd.DataFrame:

@@ -122,8 +122,7 @@ def predict_one(knobs: Mapping, prof: Profile, t: Cost | None, slowdown: float =
         predicted = compute * gas + comm * synced + prof.optimizer_ms * slowdown
         return {"predicted_ms": predicted, "comm_ms": comm, "exposed_ms": comm}
     buckets = overlap.layout_for(prof, float(knobs["bucket_cap_mb"]), plain(knobs.get("first_bucket_mb")))
-    terms = t.terms if isinstance(t, Cost) else overlap.NO_TERMS
-    hook = knobs["comm_hook"]
+    hook, terms = knobs["comm_hook"], t.terms
     step = overlap.predict_step(prof, buckets, t, gas=gas, no_sync=no_sync, hook=hook, slowdown=slowdown, terms=terms)
     sizes = tuple(sum(prof.nbytes[i] for i in b) for b in buckets)  # bytes per bucket, in the order they fill
     return {"predicted_ms": step.step_ms, "comm_ms": step.comm_ms, "exposed_ms": step.exposed_ms, "bucket_bytes": sizes}

@@ -164,9 +164,7 @@ CALIBRATION = pa.schema(
         pa.field("accelerator", pa.string()),
         pa.field("hosts", pa.list_(pa.string())),  # the hostnames of the ranks
         pa.field("measured_at", _TS),
-        pa.field(
-            "kind", pa.string()
-        ),  # all_reduce | broadcast_params | backward_alone | backward_contended | ddp_backward
+        pa.field("kind", pa.string()),  # all_reduce | broadcast_params | one of trainers.terms' five arms
         pa.field("size_bytes", pa.int64()),  # message bytes (fp32); terms: the gradient's (contended: the all-reduce's)
         pa.field("buckets", pa.int32()),  # ddp_backward: DDP buckets per backward (trainers.terms)
         pa.field("time_ms", pa.float64()),  # median over iters of the slowest rank's time per op (or backward)
