@@ -106,7 +106,7 @@ def test_report_uses_the_sweeps_own_calibration():
     place = calibration_rows(0.0, 10.1e9)[0] | {"group_id": "g", "size_bytes": GRAD_BYTES}
     terms = [  # g = 40 / 32 = 1.25; c = (40.5 − 40) / (6 − 1) = 0.1 ms per bucket; κ = 48 / 40 − 1 = 0.2
         place | {"kind": k, "time_ms": ms, "times_ms": [ms] * 10, "buckets": b}
-        for k, ms, b in [("backward_solo", 32, None), ("backward_alone", 40, None), ("backward_contended", 48, None)]
+        for k, ms, b in [("compute_solo", 32, None), ("compute_alone", 40, None), ("compute_contended", 48, None)]
         + [("ddp_backward", 40.5, 6), ("ddp_backward", 40, 1)]
     ]
     calibration = pd.DataFrame(calibration_rows(0.0, 10.1e9) + terms).assign(busbw_gbps=1.0, algbw_gbps=1.0)

@@ -214,3 +214,15 @@ def test_submit_checks_its_workdir_before_contacting_the_cluster(tmp_path, workd
     spec.write_text('name: x\nworkers: [2]\nworkload: "mine.models:build"\n')
     out = CliRunner().invoke(app, ["submit", str(spec), "--workdir", workdir, "--dashboard", "http://127.0.0.1:9"])
     assert out.exit_code == 2 and out.output.startswith("error: --workdir") and says in out.output
+
+
+def test_the_recsys_example_shards_its_rows_into_tables_and_refuses_a_count_that_does_not_divide_them():
+    from trainers.config import StepConfig
+    from trainers.workload import create
+
+    built = create(StepConfig(workload="sweeps.examples.recsys:build", workload_args='{"rows": 12, "tables": 3}'))
+    shapes = [tuple(p.shape) for n, p in built.model.named_parameters() if n.startswith("tables.")]
+    assert shapes == [(4, 32)] * 3 and built.rows == 4  # ids index within one table
+    with pytest.raises(ConfigError) as bad:
+        create(StepConfig(workload="sweeps.examples.recsys:build", workload_args='{"rows": 10, "tables": 3}'))
+    assert bad.value.field == "workload" and "tables: 3" in bad.value.allowed

@@ -54,9 +54,9 @@ def term_rows() -> list[dict]:
         return {"kind": kind, "time_ms": ms, "times_ms": times, "iters": 15} | extra
 
     return [
-        arm("backward_solo", 8.0, size_bytes=1 << 20),
-        arm("backward_alone", 10.0, size_bytes=1 << 20),
-        arm("backward_contended", 12.0, size_bytes=1 << 20),
+        arm("compute_solo", 8.0, size_bytes=1 << 20),
+        arm("compute_alone", 10.0, size_bytes=1 << 20),
+        arm("compute_contended", 12.0, size_bytes=1 << 20),
         arm("ddp_backward", 13.0, size_bytes=1 << 20, buckets=29),
         arm("ddp_backward", 10.2, size_bytes=1 << 20, buckets=1),
     ]

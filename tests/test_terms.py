@@ -27,7 +27,7 @@ def test_the_five_arms_are_measured_on_every_rank_and_rank_0_reports_them(tmp_pa
     (rows, params), (other, _) = run_world(_measure, 2, tmp_path)
     assert other is None
     kinds = [r["kind"] for r in rows]
-    assert kinds == ["backward_solo", "backward_alone", "backward_contended", "ddp_backward", "ddp_backward"]
+    assert kinds == ["compute_solo", "compute_alone", "compute_contended", "ddp_backward", "ddp_backward"]
     many, one = rows[3], rows[4]
     assert (many["buckets"], one["buckets"]) == (params, 1)  # a bucket per parameter; every parameter in one
     assert rows[2]["size_bytes"] == many["size_bytes"] // 4 * 4 > 0  # the whole gradient: under the 25 MiB cap

@@ -27,7 +27,7 @@ BASE = StepConfig(model="tiny", micro_batch=4, seq_len=32, warmup_steps=1, timed
 # A workload that is not GPT-shaped (sweeps/examples/recsys.py), through the same harness and the same checks.
 RECSYS = StepConfig(
     workload="sweeps.examples.recsys:build",
-    workload_args='{"rows": 5000, "dim": 8, "fields": 4, "layers": 4, "width": 16}',
+    workload_args='{"rows": 5000, "dim": 8, "fields": 4, "layers": 4, "width": 16, "tables": 2}',
     micro_batch=8,
     warmup_steps=1,
     timed_steps=3,
@@ -63,7 +63,7 @@ def assert_same(a: dict, b: dict, atol: float) -> None:
 
 @pytest.mark.parametrize(
     ("base", "bucket_cap_mb", "tensor"),
-    [(BASE, 25.0, "wte.weight"), (BASE, 0.01, "wte.weight"), (RECSYS, 0.001, "table.weight")],
+    [(BASE, 25.0, "wte.weight"), (BASE, 0.01, "wte.weight"), (RECSYS, 0.001, "tables.0.weight")],
     ids=["gpt-25MB", "gpt-0.01MB", "recsys-0.001MB"],
 )
 def test_ddp_average_equals_full_batch_gradient(tmp_path, base, bucket_cap_mb, tensor):

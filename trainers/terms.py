@@ -1,11 +1,12 @@
 """The overlap model's terms beyond t(bytes) (results.model.overlap.Terms), measured on a group's own ranks
 with its own workload:
 
-- sharing g: the workload's backward on rank 0 while the other ranks wait (solo, as the profile runs), and on
-  every rank at once (alone: no communication, but the peers' compute beside it: on a CPU node they share the
-  cores): g = alone / solo, how much slower the profile's compute runs inside the group;
-- contention κ: the backward on every rank at once, alone and while all-reduces are in flight the whole time
-  (queued before it starts, as DDP queues its buckets): κ = contended / alone − 1;
+- sharing g: the workload's forward and backward on rank 0 while the other ranks wait (solo, as the profile
+  runs), and on every rank at once (alone: no communication, but the peers' compute beside it: on a CPU node
+  they share the cores and the memory bandwidth): g = alone / solo, how much slower the profile's compute runs
+  inside the group (the forward too: an embedding lookup slows more than a matmul);
+- contention κ: the forward and backward on every rank at once, alone and while all-reduces are in flight the
+  whole time (queued before it starts, as DDP queues its buckets): κ = contended / alone − 1;
 - per-bucket cost c: the backward of DDP with every parameter in a bucket of its own, and with one bucket, both
   under a hook that does the default hook's local work (divide by the world size) and sends nothing, so the
   difference is the reducer's work per bucket on the compute stream: c = (many − one) / (their bucket counts' gap).
@@ -35,7 +36,7 @@ from trainers.timing import time_steps
 REPEATS = 15
 WARMUP = 3
 MESSAGE_CAP = 25 * 2**20  # bytes: the contending all-reduce is the gradient's, at most PyTorch's default bucket
-COVER = 1.5  # the queued all-reduces last at least this many backwards
+COVER = 1.5  # the queued all-reduces last at least this many forward + backwards
 
 
 def _sync(device: torch.device) -> None:
@@ -74,21 +75,31 @@ def _ddp(model: nn.Module, device: torch.device, cap_mb: float) -> tuple[DDP, _C
     return module, counter
 
 
-def _timed_backward(
-    module: nn.Module, loss_of: Callable, device: torch.device, queue: Callable = lambda: [], solo: bool = False
+def _timed(
+    module: nn.Module,
+    loss_of: Callable,
+    device: torch.device,
+    queue: Callable = lambda: [],
+    solo: bool = False,
+    forward: bool = True,
 ) -> float:
-    """One backward's ms (its forward untimed; every rank starts together); `queue` launches the collectives
-    that run beside it, waited for after the timed region. `solo`: rank 0 alone, the others wait (0 ms)."""
+    """One forward and backward's ms (with `forward` False, the backward's alone; every rank starts together);
+    `queue` launches the collectives that run beside it, waited for after the timed region. `solo`: rank 0
+    alone, the others wait (0 ms)."""
     if solo and dist.get_rank() != 0:
         dist.barrier()
         dist.barrier()
         return 0.0
-    with autocast(device):
-        loss = loss_of(module)
-    _sync(device)
+    if not forward:
+        with autocast(device):
+            loss = loss_of(module)
+        _sync(device)
     dist.barrier()
     works = queue()
     t0 = time.perf_counter()
+    if forward:
+        with autocast(device):
+            loss = loss_of(module)
     loss.backward()
     _compute_done(device)
     ms = (time.perf_counter() - t0) * 1e3
@@ -111,20 +122,20 @@ def measure_terms(
     buf = torch.zeros(size // 4, dtype=torch.float32, device=device)
     many, many_count = _ddp(model, device, 1e-6)  # every parameter closes its own bucket
     one, one_count = _ddp(model, device, grad_bytes / 2**20 + 1)
-    backward_ms = statistics.median(_timed_backward(alone_model, loss_of, device) for _ in range(WARMUP))
+    compute_ms = statistics.median(_timed(alone_model, loss_of, device) for _ in range(WARMUP))
     dist.all_reduce(buf)  # warm
     allreduce_ms = statistics.median(time_steps(lambda: dist.all_reduce(buf), 5, lambda: _sync(device)))
-    launches = min(200, math.ceil(gather_max([COVER * backward_ms / allreduce_ms], device)[0]) + 1)  # every rank alike
+    launches = min(200, math.ceil(gather_max([COVER * compute_ms / allreduce_ms], device)[0]) + 1)  # every rank alike
 
     def queue() -> list:
         return [dist.all_reduce(buf, async_op=True) for _ in range(launches)]
 
     arms = {
-        "solo": lambda: _timed_backward(alone_model, loss_of, device, solo=True),
-        "alone": lambda: _timed_backward(alone_model, loss_of, device),
-        "contended": lambda: _timed_backward(alone_model, loss_of, device, queue),
-        "many": lambda: _timed_backward(many, loss_of, device),
-        "one": lambda: _timed_backward(one, loss_of, device),
+        "solo": lambda: _timed(alone_model, loss_of, device, solo=True),
+        "alone": lambda: _timed(alone_model, loss_of, device),
+        "contended": lambda: _timed(alone_model, loss_of, device, queue),
+        "many": lambda: _timed(many, loss_of, device, forward=False),  # c: the reducer's work in the backward
+        "one": lambda: _timed(one, loss_of, device, forward=False),
     }
     times: dict[str, list[float]] = {name: [] for name in arms}
     for r in range(WARMUP + repeats):
@@ -137,9 +148,9 @@ def measure_terms(
     if dist.get_rank() != 0:
         return None
     return [
-        _row("backward_solo", slowest["solo"], size_bytes=grad_bytes),
-        _row("backward_alone", slowest["alone"], size_bytes=grad_bytes),
-        _row("backward_contended", slowest["contended"], size_bytes=size),
+        _row("compute_solo", slowest["solo"], size_bytes=grad_bytes),
+        _row("compute_alone", slowest["alone"], size_bytes=grad_bytes),
+        _row("compute_contended", slowest["contended"], size_bytes=size),
         _row("ddp_backward", slowest["many"], size_bytes=grad_bytes, buckets=many_count.calls),
         _row("ddp_backward", slowest["one"], size_bytes=grad_bytes, buckets=one_count.calls),
     ]

@@ -11,9 +11,9 @@ Beside t(m), the overlap model's terms (results.model.overlap.Terms) from the ca
 (trainers.terms measures them on the same ranks), each the median of its repeats' paired values with a
 bootstrap 95% interval:
 
-    g = backward_alone / backward_solo                                                          compute sharing
+    g = compute_alone / compute_solo                                                          compute sharing
     c = (ddp_backward[most buckets] − ddp_backward[one bucket]) / (the bucket counts' gap)     ms per bucket
-    κ = backward_contended / backward_alone − 1
+    κ = compute_contended / compute_alone − 1
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def predict_ms(fit: pd.Series, sizes_bytes: list[int] | np.ndarray) -> np.ndarra
 
 TERMS = ("compute", "bucket_ms", "contention")  # g, c, κ
 TERM_COLUMNS = [f"{t}{s}" for t in TERMS for s in ("", "_ci_lo", "_ci_hi")] + ["contention_bytes"]
-TERM_KINDS = ("backward_solo", "backward_alone", "backward_contended", "ddp_backward")  # trainers.terms' rows
+TERM_KINDS = ("compute_solo", "compute_alone", "compute_contended", "ddp_backward")  # trainers.terms' rows
 
 
 def terms(calibration: pd.DataFrame) -> pd.DataFrame:
@@ -95,11 +95,11 @@ def _terms_of(grp: pd.DataFrame) -> dict:
     for _, g in grp.groupby("group_id", dropna=False):
         kind = {k: g[g["kind"] == k] for k in TERM_KINDS}
         last = {k: v.iloc[-1] for k, v in kind.items() if len(v) and k != "ddp_backward"}
-        if {"backward_solo", "backward_alone"} <= set(last):
-            pairs["compute"].append(_paired(last["backward_alone"]["times_ms"], last["backward_solo"]["times_ms"]))
-        if {"backward_alone", "backward_contended"} <= set(last):
-            contended = last["backward_contended"]
-            pairs["contention"].append(_paired(contended["times_ms"], last["backward_alone"]["times_ms"]) - 1)
+        if {"compute_solo", "compute_alone"} <= set(last):
+            pairs["compute"].append(_paired(last["compute_alone"]["times_ms"], last["compute_solo"]["times_ms"]))
+        if {"compute_alone", "compute_contended"} <= set(last):
+            contended = last["compute_contended"]
+            pairs["contention"].append(_paired(contended["times_ms"], last["compute_alone"]["times_ms"]) - 1)
             size = int(contended["size_bytes"])
         ddp = kind["ddp_backward"].dropna(subset=["buckets"]).sort_values("buckets")
         if len(ddp) >= 2 and ddp["buckets"].iloc[-1] > ddp["buckets"].iloc[0]:
