@@ -7,16 +7,12 @@ two-namespace cluster of two_node_cluster.sh with --topology 2x1):
 2. `ddpsweep run`: `bucket_cap_mb` {0.05, 0.25, 1, 5, 25, 100} x `gas` {1, 4} x `no_sync` {false, true}, 5 rounds;
 3. `ddpsweep predict --sweep`: per curve, median |predicted / measured - 1|, Spearman's rank correlation and
    whether the predicted best lies in the measured indistinguishable set, with the profile's compute as measured
-   alone and with one slowdown per placement fitted to the sweep's cells;
-4. with --model-search: `search: model` on the same grid in a copy of the store without this workload's
-   sweeps (the model's error on the cluster then comes from the workloads measured before it, as a new
-   workload's would; the first has none and takes the default), its measurements against the grid's, and
-   whether each curve's best under the model's choice lies in the grid's indistinguishable set.
+   alone and with one slowdown per placement fitted to the sweep's cells.
 
     python benchmarks/predict_check.py [--rounds 5] [--out DIR] [--only tiny|recsys]
     sudo benchmarks/two_node_cluster.sh up 100mbit
     sudo benchmarks/two_node_cluster.sh exec python benchmarks/predict_check.py --address 169.254.77.1:6379 \
-        --topology 2x1 --model-search --recsys-rows 20000
+        --topology 2x1 --recsys-rows 20000
     sudo benchmarks/two_node_cluster.sh up 400mbit     # then reshaped to where t(gradient) = the backward:
     sudo benchmarks/two_node_cluster.sh exec python benchmarks/predict_check.py --address 169.254.77.1:6379 \
         --topology 2x1 --only tiny --micro-batch 16 --seq-len 128 --caps 0.01,0.05,0.25,1,25 --gas 1 \
@@ -27,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -66,18 +61,14 @@ def check(
     spec: dict,
     out: Path,
     where: list[str],
-    model_search: bool,
     grid: bool = True,
     link_mbit: float | None = None,
 ) -> dict:
-    """Calibrate, predict, measure the grid (unless `grid` is False: the store has it), compare; then, with
-    `model_search`, search: model in a copy of the store without this workload's sweeps (its error comes from
-    the other workloads measured on the cluster, as a new workload's would). With `link_mbit` (the two-namespace
-    link's rate now), the link is first reshaped to the rate at which the whole gradient's all-reduce takes as
-    long as the profiled backward, and calibrated again there."""
-    path, searched = out / f"{name}.yaml", out / f"{name}-model.yaml"
+    """Calibrate, predict, measure the grid (unless `grid` is False: the store has it), compare. With `link_mbit`
+    (the two-namespace link's rate now), the link is first reshaped to the rate at which the whole gradient's
+    all-reduce takes as long as the profiled backward, and calibrated again there."""
+    path = out / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
-    searched.write_text(yaml.safe_dump(spec | {"name": f"{spec['name']}-model", "search": "model"}))
     results = ["--results", str(out / "store"), "--cluster", spec["cluster"]]
     t0 = time.perf_counter()
     if grid:
@@ -94,33 +85,7 @@ def check(
         cli("run", str(path), *results, *where, "--sweep", f"m-{name}")
         got["grid_s"] = time.perf_counter() - t1
     got["after"] = json.loads(cli("predict", str(path), *results, "--sweep", f"m-{name}", "--format", "json"))
-    if model_search:
-        store = out / f"store-search-{name}"
-        shutil.rmtree(store, ignore_errors=True)
-        shutil.copytree(out / "store", store, ignore=shutil.ignore_patterns(f"sweep=m-{name}", f"sweep=s-{name}"))
-        t1 = time.perf_counter()
-        mine = ["--results", str(store), "--cluster", spec["cluster"]]
-        got["model_search_plan"] = cli("run", str(searched), *mine, *where, "--sweep", f"s-{name}").splitlines()[0]
-        got["model_search_s"] = time.perf_counter() - t1
-        got["search"] = search_outcome(name, results[:2], mine[:2])
     return got | {"wall_s": time.perf_counter() - t0}
-
-
-def search_outcome(name: str, grid_store: list[str], search_store: list[str]) -> dict:
-    """Measurements of the model's sweep against the grid's, and per curve whether its best bucket is in the
-    grid's indistinguishable set."""
-    count = "select count(*) as n from cells where sweep_id = '{}'"
-    n_grid = json.loads(cli("query", *grid_store, "--format", "json", count.format(f"m-{name}")))[0]["n"]
-    n_model = json.loads(cli("query", *search_store, "--format", "json", count.format(f"s-{name}")))[0]["n"]
-    sql = "select gas, no_sync, best_bucket_cap_mb, indistinguishable_buckets_mb from u_curve where sweep_id = '{}'"
-    grid = pd.DataFrame(json.loads(cli("query", *grid_store, "--format", "json", sql.format(f"m-{name}"))))
-    model = pd.DataFrame(json.loads(cli("query", *search_store, "--format", "json", sql.format(f"s-{name}"))))
-    both = grid.merge(model, on=["gas", "no_sync"], suffixes=("_grid", "_model"))
-    both["same_answer"] = [
-        b in (json.loads(s) if isinstance(s, str) else s)
-        for b, s in zip(both["best_bucket_cap_mb_model"], both["indistinguishable_buckets_mb_grid"], strict=True)
-    ]
-    return {"grid_measurements": n_grid, "model_measurements": n_model, "curves": both}
 
 
 def match_link(store: Path, cluster: str, mbit: float) -> str:
@@ -228,7 +193,6 @@ def main() -> None:
     ap.add_argument("--only", choices=sorted(WORKLOADS), default=None, help="one workload")
     ap.add_argument("--address", default=None, help="a Ray cluster (default: the embedded Ray)")
     ap.add_argument("--topology", default="1x2", help="nodes x workers per node (2x1: one rank per node)")
-    ap.add_argument("--model-search", action="store_true", help="then search: model, its error from the others")
     ap.add_argument("--no-grid", action="store_true", help="the store under --out has the grid sweeps already")
     ap.add_argument("--recsys-rows", type=int, default=None, help="the recsys example's embedding rows")
     ap.add_argument("--caps", default=None, help="bucket_cap_mb values, comma-separated (default: the grid's)")
@@ -259,7 +223,6 @@ def main() -> None:
             {k: v for k, v in spec.items() if not (k == "workers" and "topology" in spec)},
             out,
             where,
-            args.model_search,
             grid=not args.no_grid,
             link_mbit=args.match_link,
         )
@@ -277,12 +240,6 @@ def main() -> None:
         print(f"judged ({args.rounds} rounds), with the measured terms and without them (c = κ = 0), slowdown 1:")
         judged = judge(out / "store", cluster, f"m-{name}")
         print(judged.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-        if "search" in got:
-            s = got["search"]
-            share = s["model_measurements"] / s["grid_measurements"]
-            print(f"search: model ({got['model_search_s']:.0f} s): {got['model_search_plan']}")
-            print(f"  measurements {s['model_measurements']} of the grid's {s['grid_measurements']} ({share:.0%})")
-            print(s["curves"].to_string(index=False))
     print(f"\nstore: {out / 'store'}")
 
 

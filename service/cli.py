@@ -82,7 +82,6 @@ def run(
     from sweeps.driver import runner, session
     from sweeps.driver.summary import cells_table, summary_text
     from sweeps.plan.planner import plan_sweep
-    from sweeps.predict import modelsearch
     from sweeps.spec.files import load_spec
 
     plan = None
@@ -95,22 +94,17 @@ def run(
             cluster=cluster,
             resume=resume,
             sweep_id=sweep,
-            address=address,
             dry_run=dry_run,
         )
         _warn_risky_env(plan.spec)
-        if plan.choice is not None:
-            echo(modelsearch.summary_line(plan.choice))
         if dry_run:
-            echo(
-                cells_table(plan.cells, plan.spec.rounds, plan.spec.isolation, plan.choice and plan.choice.chosen)
-            )  # the grid, always
+            echo(cells_table(plan.cells, plan.spec.rounds, plan.spec.isolation))  # the grid, always
             if plan.spec.decides:
                 echo(f"at most: {_decided(plan.spec)}")
             if plan.spec.workload:
                 echo(
                     f"workload {plan.spec.workload}: not imported in a dry run (no workload code runs), so its "
-                    "fingerprint is not in these cell ids and search: model chooses nothing yet"
+                    "fingerprint is not in these cell ids"
                 )
             if not address and not os.environ.get("RAY_ADDRESS"):
                 _dry_run_here(runner, plan)  # then: could this machine's embedded Ray run it?
@@ -158,7 +152,7 @@ def stop_on_signals(session) -> None:
 def _decided(spec: SweepSpec) -> str:
     """How the trial decides the rounds of a race or of `repeats: auto`."""
     parts = [f"search: {spec.search} drops cells shown {spec.tolerance:.0%} slower from round {spec.min_rounds}"]
-    parts = parts if spec.search in ("race", "model") else []
+    parts = parts if spec.search == "race" else []
     if spec.repeats == "auto":
         parts.append(f"rounds stop once each curve is resolved to ±{spec.target_rel:.0%}")
     return "; ".join(parts)
@@ -224,9 +218,6 @@ def _print_summary(outcome, summary_text, plan) -> None:
     rows = load(outcome.results, cluster=outcome.cluster, sweep=outcome.sweep_id)
     errors = int((rows["status"] == "error").sum())
     echo("\n" + summary_text(rows))
-    if plan.choice is not None:
-        grid = plan.choice.grid_cells * plan.spec.rounds
-        echo(f"search: model: {len(rows)} measurements, {len(rows) / grid:.0%} of the full grid's {grid}")
     echo(
         f"\n{len(rows)} rows ({errors} errors) in {outcome.results} cluster={outcome.cluster} sweep={outcome.sweep_id}"
     )

@@ -187,10 +187,8 @@ def _predicted_pair(knob: Knob) -> pd.DataFrame:
 
 
 @pytest.mark.parametrize("knob", [k for k in KNOBS if k.name not in (SWEPT, "mode")], ids=lambda k: k.name)
-def test_search_model_keeps_two_configurations_on_curves_of_their_own(knob):
-    from sweeps.predict import modelsearch
+def test_predict_keeps_two_configurations_on_curves_of_their_own(knob):
     from sweeps.predict import steps as predict
 
     table = predict.mark_best(_predicted_pair(knob))
     assert table["predicted_best"].tolist() == [True, True]  # each is the best of its own curve
-    assert modelsearch.same_layout(table) == {}  # neither is "the same step" as the other

@@ -307,33 +307,6 @@ def test_compiled_cells_run_on_ray_and_the_known_failure_is_an_error_row_the_gro
     assert len({r["group_id"] for r in outcome.rows if r["mode"] == "ddp"}) == 1  # one group went on
 
 
-def test_search_model_measures_the_models_choice_and_each_row_says_why(fault_file, tmp_path):
-    """A latency-bound calibration: the model rules out the small buckets; the sweep measures the baseline, the
-    two best predicted cells and the default, races them, and a resume keeps the choice the sweep started with
-    (here with no calibration left to choose again from)."""
-    from tests.test_predict import calibrate
-
-    fault_file.write_text("")
-    calibrate(str(tmp_path), alpha_ms=2.0, gbps=1.0, cluster="test")
-    spec = parse_spec(spec_text(buckets="[0.01, 0.05, 0.25, 25]", repeats=2) + "search: model\nmin_rounds: 2\n")
-    plan = plan_sweep(spec, results=str(tmp_path))
-    chosen = plan.choice.chosen
-    assert {c.step.bucket_cap_mb for c in plan.cells} == {None, 0.25, 25.0} and len(expand(spec)) == 5
-    rows = execute(plan).rows
-    assert {r["cell_id"] for r in rows} == set(chosen) and all(r["status"] == "ok" for r in rows)
-    for r in rows:
-        assert r["search"] == "model" and r["model_choice"] == chosen[r["cell_id"]]["why"]
-        assert r["model_predicted_ms"] == pytest.approx(chosen[r["cell_id"]]["predicted_ms"])
-    stored = load(str(tmp_path), cluster="test", sweep=plan.sweep_id)
-    assert set(stored["model_choice"]) == {c["why"] for c in chosen.values()}
-    assert Store.open(str(tmp_path)).read_manifest("test", plan.sweep_id)["model_search"]["chosen"] == chosen
-    for path in tmp_path.rglob("_calibration-*.parquet"):
-        path.unlink()
-    resumed = plan_sweep(spec, results=str(tmp_path), resume=plan.sweep_id)
-    assert resumed.choice.chosen == chosen and [c.cell_id for c in resumed.cells] == [c.cell_id for c in plan.cells]
-    assert resumed.todo == []
-
-
 def test_with_a_cluster_the_profile_runs_there_as_a_task(fault_file, tmp_path, monkeypatch):
     """`predict --address`: the profile is a Ray task (a worker's resources, the cluster's device and torch): this
     process's profiler is broken on purpose and the profile is still made and stored."""

@@ -60,9 +60,7 @@ PLACEMENT = [
     pa.field("group_setup_s", pa.float64()),  # launch -> workers ready for the first cell (worker-group start)
     pa.field("control_step_ms", pa.float64()),  # this round's control probe (the group's first cell, short): median
     pa.field("control_rel_ci", pa.float64()),  # its own noise: half-width of its median's 95% interval, relative
-    pa.field("search", pa.string()),  # grid | race (results.analysis.racing) | model (sweeps.predict.modelsearch)
-    pa.field("model_choice", pa.string()),  # search: model — why the overlap model chose the cell to measure
-    pa.field("model_predicted_ms", pa.float64()),  # search: model — the model's step for the cell before measuring
+    pa.field("search", pa.string()),  # grid | race (results.analysis.racing)
     pa.field("eliminated_at_round", pa.int32()),  # race: the round after which this cell was measured no more
     pa.field("target_rel", pa.float64()),  # repeats: auto — the difference its rounds aimed to resolve
     pa.field("injected_slowdown", pa.float64()),  # benchmarks only (DDPSWEEP_SLOWDOWN): planted fraction

@@ -248,7 +248,6 @@ def _manifest(plan: SweepPlan, opts: TrialOptions) -> dict:
         "planned": plan.planned,
         "isolation": plan.spec.isolation,
         "calibrate_only": plan.calibrate_only,
-        "model_search": None if plan.choice is None else plan.choice.to_dict(),
         "backend": opts.backend,
         "use_gpu": opts.use_gpu,
         "written_at": datetime.now(UTC).isoformat(),

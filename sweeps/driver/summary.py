@@ -134,13 +134,12 @@ def _decision_lines(rows: pd.DataFrame) -> list[str]:
     """What the race dropped, and whether each automatic-rounds curve was resolved or ran out of budget."""
     ok = rows[rows["status"] == "ok"]
     out = []
-    if "search" in ok and ok["search"].isin(["race", "model"]).any():
-        race = ok[ok["search"].isin(["race", "model"])]
+    if "search" in ok and (ok["search"] == "race").any():
+        race = ok[ok["search"] == "race"]
         dropped = race[~analysis.failed_check(race)].dropna(subset=["eliminated_at_round"]).drop_duplicates("cell_id")
         names = ", ".join(f"{_cell(r)} after round {int(r.eliminated_at_round) + 1}" for r in dropped.itertuples())
-        chose = "the model's choice of " if (race["search"] == "model").any() else ""
         out.append(
-            f"race: {len(dropped)} of {chose}{race['cell_id'].nunique()} cell(s) dropped as slower than their curve's "
+            f"race: {len(dropped)} of {race['cell_id'].nunique()} cell(s) dropped as slower than their curve's "
             f"leader{': ' + names if names else ''}; {len(race)} measurements"
         )
     if "target_rel" not in ok or ok["target_rel"].isna().all():
@@ -225,10 +224,9 @@ def _noise_lines(cells: pd.DataFrame) -> list[str]:
     return [*out, f"noisy: {len(wide)} cell(s) with an interval wider than ±{WIDE_REL / 2:.0%}: {names}"]
 
 
-def cells_table(cells: list[Cell], repeats: int = 1, isolation: str = "group", chosen: dict | None = None) -> str:
+def cells_table(cells: list[Cell], repeats: int = 1, isolation: str = "group") -> str:
     """The grid as a plain-text table (for --dry-run); a `knobs` column where any cell sets a knob beyond
-    bucket, gas and no_sync (hook, first bucket, DDP flags, timing, environment); with `chosen` (search: model),
-    each cell's predicted step and why the model chose it, in the last two columns."""
+    bucket, gas and no_sync (hook, first bucket, DDP flags, timing, environment)."""
     head = ["cell_id", "mode", "topology", "workers", "bucket_mb", "gas", "no_sync", "grad_view", "model", "batch"]
     rows = []
     for c in cells:
@@ -249,11 +247,6 @@ def cells_table(cells: list[Cell], repeats: int = 1, isolation: str = "group", c
             ]
         )
     rows = [head + ["knobs"], *rows] if any(r[-1] for r in rows) else [head, *(r[:-1] for r in rows)]
-    if chosen is not None:
-        rows[0] += ["predicted_ms", "why"]
-        for r, c in zip(rows[1:], cells, strict=True):
-            ms = chosen[c.cell_id]["predicted_ms"]
-            r += ["-" if ms is None else f"{ms:.2f}", chosen[c.cell_id]["why"]]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     keys = {"group": {c.group_key for c in cells}, "sweep": {c.sweep_key for c in cells}}

@@ -224,7 +224,6 @@ class Group:
     shape: Cell | None = None  # the cell that shapes the worker group (default: the first slot's)
     rule: dict | None = None  # racing.Rule as a dict: the trial decides each next round (None: as planned)
     prior: tuple[dict, ...] = ()  # --resume of a decided sweep: the ok rows its rounds already stored (evidence)
-    chosen: dict | None = None  # search: model — cell id -> why the model chose it and its predicted step
 
     @property
     def first(self) -> Cell:

@@ -1,6 +1,6 @@
-"""A sweep's plan: the grid expanded (with `search: model`, the cells the model chose), the pairs still to
-measure (a resumed sweep's must match the grid and method it started with), and the claim one run holds on a
-sweep id while it measures it. sweeps.driver.runner executes a plan.
+"""A sweep's plan: the grid expanded, the pairs still to measure (a resumed sweep's must match the grid and
+method it started with), and the claim one run holds on a sweep id while it measures it. sweeps.driver.runner
+executes a plan.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from results.errors import StoreNotFound
 from results.storage.lease import LeaseHeld, lease
 from results.storage.store import Store, require_label
 from sweeps.plan.grid import Cell, Group, calibration_groups, expand, plan_groups
-from sweeps.predict import modelsearch
 from sweeps.spec.sweep import SpecError, SweepSpec, new_sweep_id
 
 
@@ -34,7 +33,6 @@ class SweepPlan:
     todo: list[tuple[Cell, int]]
     calibrate_only: bool = False  # `ddpsweep calibrate`: the groups' calibrations, no cells
     resumed: bool = False  # --resume: todo is what the stored sweep lacks
-    choice: modelsearch.Choice | None = None  # search: model — the cells the model chose (`cells` are those)
 
     @property
     def planned(self) -> int:
@@ -59,8 +57,7 @@ class SweepPlan:
         groups = []
         for g in self.shapes():
             mine = {s.cell.cell_id for s in g.slots}
-            chosen = None if self.choice is None else {k: v for k, v in self.choice.chosen.items() if k in mine}
-            groups.append(replace(g, rule=rule, prior=tuple(r for r in stored if r["cell_id"] in mine), chosen=chosen))
+            groups.append(replace(g, rule=rule, prior=tuple(r for r in stored if r["cell_id"] in mine)))
         return groups
 
     def _stored_ok(self) -> list[dict]:
@@ -72,7 +69,7 @@ class SweepPlan:
         s = self.spec
         deadline = None if s.max_sweep_s is None else time.time() + s.max_sweep_s
         return Rule(
-            race=s.search in ("race", "model"),
+            race=s.search == "race",
             auto=s.repeats == "auto",
             min_rounds=s.min_rounds,
             max_rounds=s.rounds,
@@ -90,13 +87,11 @@ def plan_sweep(
     resume: str | None = None,
     sweep_id: str | None = None,
     calibrate_only: bool = False,
-    address: str | None = None,
     dry_run: bool = False,
 ) -> SweepPlan:
-    """Expand the grid (with `search: model`, the cells the model chose); with `resume`, keep only pairs with
-    no ok row in that sweep. `address`: the cluster where search: model profiles a workload it has no profile
-    of. `dry_run`: no user code runs (a user workload is not imported, fingerprinted or profiled), so a spec
-    someone sent can be looked at safely."""
+    """Expand the grid; with `resume`, keep only pairs with no ok row in that sweep. `dry_run`: no user code
+    runs (a user workload is not imported, fingerprinted or profiled), so a spec someone sent can be looked at
+    safely."""
     store = Store.open(results or spec.results)
     cluster = cluster or spec.cluster
     cells = expand(spec, run_user_code=not dry_run)
@@ -108,23 +103,10 @@ def plan_sweep(
     else:
         plan = SweepPlan(spec, require_label("--resume", resume), cluster, store, cells, [], resumed=True)
     plan.calibrate_only = calibrate_only
-    if spec.search == "model" and not calibrate_only and not (dry_run and spec.workload):
-        plan.choice = _model_choice(plan, resume, address)
-        plan.cells = [c for c in cells if c.cell_id in plan.choice.chosen]
     # a generated id is new by construction: a dry run never touches the store (it may be unreachable from here)
     fresh = resume is None and sweep_id is None
     plan.todo = [(c, r) for c in cells for r in range(spec.rounds)] if fresh else pending(plan)
     return plan
-
-
-def _model_choice(plan: SweepPlan, resume: str | None, address: str | None) -> modelsearch.Choice:
-    """The model's choice: made now for a new sweep, the one the sweep started with for --resume."""
-    if resume is None:
-        return modelsearch.choose(plan.spec, plan.cells, plan.store, plan.cluster, address)
-    stored = (plan.store.read_manifest(plan.cluster, resume) or {}).get("model_search")
-    if stored is None:
-        raise SpecError("--resume", resume, "a sweep started with search: model (its manifest has no choice)")
-    return modelsearch.Choice(**stored)
 
 
 def pending(plan: SweepPlan) -> list[tuple[Cell, int]]:

@@ -1,1 +1,1 @@
-"""The overlap model before measuring: predicted steps, the workload's profile, `search: model`."""
+"""The overlap model before measuring: predicted steps and the workload's profile."""

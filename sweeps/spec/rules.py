@@ -159,11 +159,7 @@ def _validate_rounds(spec: SweepSpec) -> None:
     """repeats (an integer or auto) and the decision settings: racing and automatic rounds."""
     if spec.repeats != "auto" and not (is_int(spec.repeats) and 1 <= spec.repeats <= 1_000):
         raise fail("repeats", spec.repeats, "an integer in [1, 1000], or auto (rounds until resolved)")
-    check_choice("search", spec.search, ("grid", "race", "model"))
-    if spec.model_k is not None and not (is_int(spec.model_k) and spec.model_k >= 2):
-        raise fail(
-            "model_k", spec.model_k, "an integer of at least 2 (a race needs two cells), or null (from the error)"
-        )
+    check_choice("search", spec.search, ("grid", "race"))
     if spec.max_sweep_s is not None and not (is_num(spec.max_sweep_s) and 0 < spec.max_sweep_s <= 30 * 86_400):
         raise fail("max_sweep_s", spec.max_sweep_s, "seconds in (0, 2592000], or null (no limit)")
     if spec.decides and spec.min_rounds < 2:

@@ -106,12 +106,7 @@ class SweepSpec(_SpecKnobs):
     """`repeats: auto`: no group starts a new round once the sweep has run this long (s)."""
     search: str = "grid"
     """`grid`: every cell in every round; `race`: from min_rounds on, a cell shown slower than its curve's
-    leader by more than `tolerance` is measured no more (results/analysis/racing.py); `model`: the overlap model
-    (`ddpsweep predict`: the cluster's calibration and a profile of the workload) picks per curve the cells it
-    cannot rule out, the baseline and PyTorch's default bucket, which are then raced (sweeps/predict/modelsearch.py)."""
-    model_k: int | None = None
-    """`search: model`: cells per curve the model picks; null: every cell predicted within twice the model's
-    own within-curve error on this cluster of the curve's predicted best, at least 2."""
+    leader by more than `tolerance` is measured no more (results/analysis/racing.py)."""
     min_rounds: int = 3
     """`search: race` / `repeats: auto`: rounds before the first decision."""
     tolerance: float = 0.02
@@ -146,14 +141,14 @@ class SweepSpec(_SpecKnobs):
     @property
     def decides(self) -> bool:
         """The trial decides each next round (racing or automatic rounds)."""
-        return self.search in ("race", "model") or self.repeats == "auto"
+        return self.search == "race" or self.repeats == "auto"
 
     def unused(self) -> list[str]:
         """One line per setting this spec gives (away from its default) that has no effect on what it measures."""
         d, out = {f.name: f.default for f in fields(SweepSpec)}, []
         given = [n for n in ("tolerance", "min_rounds", "max_sweep_s") if getattr(self, n) != d[n]]
         if not self.decides:
-            out += [f"{n}: no effect without search: race or model, or repeats: auto" for n in given]
+            out += [f"{n}: no effect without search: race or repeats: auto" for n in given]
         if self.max_rounds != d["max_rounds"] and self.repeats != "auto":
             out.append("max_rounds: no effect with a fixed number of repeats (rounds are `repeats`)")
         if self.target_rel != d["target_rel"] and self.repeats != "auto":
@@ -174,8 +169,6 @@ class SweepSpec(_SpecKnobs):
             )
         if self.workload_args and self.workload is None:
             out.append("workload_args: no effect without workload (the preset takes no arguments)")
-        if self.model_k is not None and self.search != "model":
-            out.append("model_k: no effect without search: model")
         if self.search == "race" and len(self.bucket_cap_mb) < 2:
             out.append("search: race: no curve has two cells to race (one bucket_cap_mb); every cell is measured")
         if self.modes == ["naive"]:

@@ -50,8 +50,7 @@ def row_context(group: Group, opts: TrialOptions, started: datetime) -> RowConte
         group_id=group.group_id,
         order_seed=group.order_seed,
         group_started_at=started,
-        search="model" if group.chosen is not None else "race" if group.rule and group.rule["race"] else "grid",
-        chosen=group.chosen,
+        search="race" if group.rule and group.rule["race"] else "grid",
         target_rel=group.rule["target_rel"] if group.rule and group.rule["auto"] else None,
     )
 

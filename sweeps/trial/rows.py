@@ -26,8 +26,7 @@ class RowContext:
     order_seed: int
     group_started_at: datetime
     group_setup_s: float | None = None  # known once the workers announce their first cell
-    search: str = "grid"  # grid | race (results.analysis.racing) | model (sweeps.predict.modelsearch)
-    chosen: dict | None = None  # search: model — cell id -> {"why", "predicted_ms"}
+    search: str = "grid"  # grid | race (results.analysis.racing)
     target_rel: float | None = None  # repeats: auto — the difference its rounds aim to resolve
 
 
@@ -89,8 +88,6 @@ def build_row(
         "group_started_at": ctx.group_started_at,
         "group_setup_s": ctx.group_setup_s,
         "search": ctx.search,
-        "model_choice": ((ctx.chosen or {}).get(cell.cell_id) or {}).get("why"),
-        "model_predicted_ms": ((ctx.chosen or {}).get(cell.cell_id) or {}).get("predicted_ms"),
         "target_rel": ctx.target_rel,
         "eliminated_at_round": None,  # set by the trial's round planner on the rows of a dropped cell's last round
     }
