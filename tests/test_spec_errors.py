@@ -201,7 +201,7 @@ def test_settings_without_effect_are_named_and_contradictions_refused(tmp_path):
     spec_file = tmp_path / "s.yaml"
     spec_file.write_text("name: x\nworkers: [2]\ntolerance: 0.05\n")
     out = CliRunner().invoke(app, ["run", str(spec_file), "--dry-run", "--results", str(tmp_path / "r")])
-    assert "warning: tolerance: no effect without search: race or model, or repeats: auto" in out.output
+    assert "warning: tolerance: no effect without search: race or repeats: auto" in out.output
 
 
 def test_a_resume_with_a_spec_that_measures_differently_names_the_field(tmp_path):
