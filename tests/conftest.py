@@ -30,6 +30,18 @@ def smoke_run(tmp_path_factory):
     return SimpleNamespace(root=root, out=out, err=err, returncode=proc.returncode)
 
 
+@pytest.fixture(scope="session")
+def shared_head():
+    """`--address` of one `ray start --head` (2 CPUs, auth off) shared by the CLI tests whose subject is not the
+    embedded start: a run connects in about 8 s less than it starts its own Ray. The embedded start keeps its
+    own tests (the smoke run, interrupts, a user's workload folder, a `ray start` cluster beside it)."""
+    from tests.ray_head import ray_head
+
+    info: dict = {}
+    with ray_head("disabled", info=info):
+        yield ["--address", info["gcs"]]
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -1,4 +1,4 @@
-"""The `ddpsweep run` command as users run it: a subprocess with the embedded local Ray."""
+"""The `ddpsweep run` command as users run it: a subprocess with the embedded local Ray, or on a running cluster."""
 
 from __future__ import annotations
 
@@ -89,12 +89,12 @@ def test_smoke_spec_end_to_end(smoke_run, tmp_path):
 
 
 @pytest.mark.ray
-def test_driver_killed_mid_group_then_resume_measures_only_the_missing_pairs(tmp_path):
+def test_driver_killed_mid_group_then_resume_measures_only_the_missing_pairs(tmp_path, shared_head):
     spec = tmp_path / "mini.yaml"
     mini = SMOKE.read_text().replace("gas: [1, 2]", "gas: [1]").replace("repeats: 3", "repeats: 2")
     spec.write_text(mini)  # 2 rounds of a baseline and 3 buckets
     results = tmp_path / "store"
-    proc = ddpsweep("run", str(spec), "--results", str(results), "--sweep", "interrupted")
+    proc = ddpsweep("run", str(spec), "--results", str(results), "--sweep", "interrupted", *shared_head)
     store = Store.open(str(results))
     deadline = time.time() + 300
     while len(store.files()) < 4 and time.time() < deadline:  # the first round's rows
@@ -103,7 +103,7 @@ def test_driver_killed_mid_group_then_resume_measures_only_the_missing_pairs(tmp
     proc.communicate()
     before = {(r["cell_id"], r["repeat"], r["finished_at"], r["step_ms"]) for r in store.read_table().to_pylist()}
     assert 4 <= len(before) < 8
-    resumed = ddpsweep("run", str(spec), "--results", str(results), "--resume", "interrupted")
+    resumed = ddpsweep("run", str(spec), "--results", str(results), "--resume", "interrupted", *shared_head)
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err[-3000:]
     assert f"{8 - len(before)} of 8 measurements to run in 1 worker group(s)" in out
@@ -138,8 +138,8 @@ def test_ctrl_c_and_sigterm_say_interrupted_print_the_resume_command_and_exit(tm
 
 
 @pytest.mark.ray
-def test_calibrate_measures_the_specs_worker_groups_and_the_report_shows_the_fit(tmp_path):
-    proc = ddpsweep("calibrate", str(SMOKE), "--results", str(tmp_path), "--cluster", "cal")
+def test_calibrate_measures_the_specs_worker_groups_and_the_report_shows_the_fit(tmp_path, shared_head):
+    proc = ddpsweep("calibrate", str(SMOKE), "--results", str(tmp_path), "--cluster", "cal", *shared_head)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     assert "2 ranks on 1 node(s), gloo: alpha" in out and "GB/s algbw" in out

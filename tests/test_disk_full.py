@@ -38,7 +38,7 @@ def hidden_temporaries(root: Path) -> list[Path]:
 
 
 @pytest.mark.ray
-def test_a_full_disk_stops_the_sweep_with_a_resume_command_and_resume_completes_it(tmp_path, small_disk):
+def test_a_full_disk_stops_the_sweep_with_a_resume_command_and_resume_completes_it(tmp_path, small_disk, shared_head):
     spec = tmp_path / "mini.yaml"
     small = {
         "gas: [1, 2]": "gas: [1]",
@@ -49,7 +49,7 @@ def test_a_full_disk_stops_the_sweep_with_a_resume_command_and_resume_completes_
     for old, new in small.items():
         text = text.replace(old, new)
     spec.write_text(text)  # a baseline and one DDP cell, 2 rounds: 4 measurements, 2 rows fit on the disk
-    proc = ddpsweep("run", str(spec), "--results", str(small_disk), "--sweep", "full")
+    proc = ddpsweep("run", str(spec), "--results", str(small_disk), "--sweep", "full", *shared_head)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 2, err[-3000:]
     assert "Traceback" not in err and "TuneError" not in err, err[-3000:]
@@ -66,7 +66,7 @@ def test_a_full_disk_stops_the_sweep_with_a_resume_command_and_resume_completes_
     assert hidden_temporaries(small_disk) == [] and len(load(str(small_disk))) == len(before)
 
     subprocess.run(["mount", "-o", "remount,size=4m", str(small_disk)], check=True)  # space freed
-    resume = ddpsweep(*shlex.split(lines[-1].split(": ", 1)[1])[1:])
+    resume = ddpsweep(*shlex.split(lines[-1].split(": ", 1)[1])[1:], *shared_head)
     rout, rerr = resume.communicate(timeout=600)
     assert resume.returncode == 0, rerr[-3000:]
     assert f"{4 - len(before)} of 4 measurements to run" in rout

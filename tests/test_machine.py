@@ -39,7 +39,7 @@ def test_a_dead_workers_signal_and_frames_lead_the_message(monkeypatch):
 
 
 @pytest.mark.ray
-def test_a_worker_env_that_segfaults_every_worker_is_named_in_the_rows(tmp_path):
+def test_a_worker_env_that_segfaults_every_worker_is_named_in_the_rows(tmp_path, shared_head):
     """TORCH_DISTRIBUTED_DEBUG=DETAIL segfaults DDP's constructor on gloo (torch 2.13): the rows said "worker health
     check failed" with env null."""
     import subprocess
@@ -51,7 +51,7 @@ def test_a_worker_env_that_segfaults_every_worker_is_named_in_the_rows(tmp_path)
     )
     results = str(tmp_path / "r")
     env = os.environ | {"PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
-    cmd = [sys.executable, "-m", "service.cli", "run", str(spec), "--results", results]
+    cmd = [sys.executable, "-m", "service.cli", "run", str(spec), "--results", results, *shared_head]
     subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
     rows = load(results)
     assert len(rows) == 2 and set(rows["status"]) == {"error"}

@@ -73,11 +73,11 @@ def ddpsweep(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_sweep_writes_to_s3_and_resumes_from_it(s3_server, tmp_path):
+def test_a_sweep_writes_to_s3_and_resumes_from_it(s3_server, tmp_path, shared_head):
     spec = tmp_path / "s3.yaml"
     spec.write_text(SPEC)
     root = uri(s3_server, "sweep")
-    first = ddpsweep("run", str(spec), "--results", root, "--sweep", "s3-1")
+    first = ddpsweep("run", str(spec), "--results", root, "--sweep", "s3-1", *shared_head)
     assert first.returncode == 0, first.stderr[-3000:]
     store = Store.open(root)
     rows = store.read_table(cluster="local", sweep="s3-1").to_pylist()
