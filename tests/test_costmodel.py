@@ -104,13 +104,15 @@ def test_report_uses_the_sweeps_own_calibration():
 
     rows = pd.DataFrame(seed_rows()).assign(bucket_sizes_bytes=[[]] + [[GRAD_BYTES // 4] * 4] * 7)
     place = calibration_rows(0.0, 10.1e9)[0] | {"group_id": "g", "size_bytes": GRAD_BYTES}
-    terms = [  # g = 40 / 32 = 1.25; c = (40.5 − 40) / (6 − 1) = 0.1 ms per bucket; κ = 48 / 40 − 1 = 0.2
+    terms = [  # g = 40 / 32 = 1.25; c = (40.5 − 40) / (6 − 1) = 0.1 ms per bucket; κ = 48 / 40 − 1 = 0.2;
+        # λ = 48 / (48 + 40 − 72) − 1 = 2 (the all-reduces outlast the compute)
         place | {"kind": k, "time_ms": ms, "times_ms": [ms] * 10, "buckets": b}
         for k, ms, b in [("compute_solo", 32, None), ("compute_alone", 40, None), ("compute_contended", 48, None)]
+        + [("comm_alone", 40, None), ("comm_contended", 72, None)]
         + [("ddp_backward", 40.5, 6), ("ddp_backward", 40, 1)]
     ]
     calibration = pd.DataFrame(calibration_rows(0.0, 10.1e9) + terms).assign(busbw_gbps=1.0, algbw_gbps=1.0)
     page = render_html(rows, "seed", calibration=calibration)
     assert "Calibration: the α–β model and the overlap terms" in page and "alt='calibration'" in page
     figures = r"<td>1\.2 \[1\.2, 1\.2\]</td><td>100(\.0)? \[100(\.0)?, 100(\.0)?\]</td><td>0\.2 \[0\.2, 0\.2\]</td>"
-    assert re.search(figures, page)  # g, c (us), κ
+    assert re.search(figures + r"<td>2(\.0)? \[2(\.0)?, 2(\.0)?\]</td>", page)  # g, c (us), κ, λ

@@ -104,7 +104,8 @@ def test_part_0_runs_the_calibration_code_on_one_rank(tmp_path):
     assert all(r["iters"] == 10 and r["time_ms"] > 0 and r["busbw_gbps"] == 0 for r in collectives[:-1])
     assert collectives[-1]["kind"] == "broadcast_params" and collectives[-1]["size_bytes"] > 0
     terms = [(r["kind"], r["buckets"], r["iters"]) for r in ran["rows"][len(collectives) :]]
-    assert terms == [("compute_solo", None, 10), ("compute_alone", None, 10), ("compute_contended", None, 10)] + [
+    arms = ["compute_solo", "compute_alone", "compute_contended", "comm_alone", "comm_contended"]
+    assert terms == [(k, None, 10) for k in arms] + [
         ("ddp_backward", b, 10) for b in (28, 1)
     ]  # the overlap terms: the tiny GPT's 28 parameters each in a bucket of its own, then all in one
 

@@ -103,6 +103,22 @@ def test_compute_slows_while_a_collective_is_in_flight():
     assert curve(fast, overlap.Terms(contention=1.0))[10_000] == pytest.approx(5 + 8.55 + 1)
 
 
+def test_a_collective_slows_while_the_backward_computes():
+    # λ = 1: bucket [3, 2] (8 ms alone) starts at 2 beside 6 ms of compute: 6 ms at half rate (3 ms of it done),
+    # then 5 ms at full rate: 2..13; bucket [1, 0] (4 ms) starts after it, the backward over: 13..17
+    step = overlap.predict_step(PROFILE, [[3, 2], [1, 0]], t, terms=overlap.Terms(comm_contention=1.0))
+    assert step.timeline == ((2.0, 2.0, 13.0), (6.0, 13.0, 17.0)) and step.step_ms == 5 + 17 + 1
+    # κ = λ = 1, both sides share: over [2, 14) both run at half rate (6 ms of compute, 6 of the collective), its
+    # last 2 ms alone: 2..16; bucket [1, 0] is ready at 10 (compute at half rate from 2): 16..20; backward to 14
+    both = overlap.Terms(contention=1.0, comm_contention=1.0)
+    step = overlap.predict_step(PROFILE, [[3, 2], [1, 0]], t, terms=both)
+    assert [tuple(round(x, 9) for x in b) for b in step.timeline] == [(2.0, 2.0, 16.0), (10.0, 16.0, 20.0)]
+    assert step.step_ms == pytest.approx(5 + 20 + 1)
+    # one bucket (11 ms alone), ready at 6 beside 2 ms of compute (4 wall ms at half rate): 6..19, backward to 10;
+    # overlapping two buckets with the backward bought nothing (26 against 25): both sides shared the cores
+    assert overlap.predict_step(PROFILE, [[3, 2, 1, 0]], t, terms=both).step_ms == pytest.approx(5 + 19 + 1)
+
+
 def test_the_group_scales_compute_as_a_measured_slowdown_would():
     # g = 2: the same step as the slowdown test's compute x2 (10 + max(16, 16) + 2), and the two multiply
     assert overlap.predict_step(PROFILE, [[3, 2], [1, 0]], t, terms=overlap.Terms(compute=2.0)).step_ms == 28.0
@@ -115,6 +131,8 @@ def test_terms_are_finite_and_not_negative():
         overlap.Terms(bucket_ms=-1.0)
     with pytest.raises(ValueError, match="contention"):
         overlap.Terms(contention=float("nan"))
+    with pytest.raises(ValueError, match="comm_contention"):
+        overlap.Terms(comm_contention=-0.5)
     with pytest.raises(ValueError, match="compute"):
         overlap.Terms(compute=0.0)
 

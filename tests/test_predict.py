@@ -36,7 +36,7 @@ def calibrate(
 ) -> None:
     """A 1x2 calibration of t(m) = alpha + m / beta on `cluster` (what `ddpsweep calibrate` writes); with
     `terms`, the overlap terms' rows too: g = 10 / 8 = 1.25, c = (13 − 10.2) / (29 − 1) = 0.1 ms per bucket,
-    κ = 12 / 10 − 1 = 0.2."""
+    κ = 12 / 10 − 1 = 0.2, λ = 12 / (12 + 20 − 26) − 1 = 1."""
     rows = [*term_rows()] if terms else []
     for size in (2**k for k in range(10, 24, 2)):
         ms = alpha_ms + size / (gbps * 1e9) * 1e3
@@ -47,7 +47,7 @@ def calibrate(
 
 
 def term_rows() -> list[dict]:
-    """trainers.terms' four rows, 15 repeats each; one repeat per arm is off (the medians are not)."""
+    """trainers.terms' seven rows, 15 repeats each; one repeat per arm is off (the medians are not)."""
 
     def arm(kind: str, ms: float, **extra) -> dict:
         times = [ms] * 14 + [ms * 3]
@@ -57,6 +57,8 @@ def term_rows() -> list[dict]:
         arm("compute_solo", 8.0, size_bytes=1 << 20),
         arm("compute_alone", 10.0, size_bytes=1 << 20),
         arm("compute_contended", 12.0, size_bytes=1 << 20),
+        arm("comm_alone", 20.0, size_bytes=1 << 20),
+        arm("comm_contended", 26.0, size_bytes=1 << 20),
         arm("ddp_backward", 13.0, size_bytes=1 << 20, buckets=29),
         arm("ddp_backward", 10.2, size_bytes=1 << 20, buckets=1),
     ]
@@ -223,10 +225,10 @@ def test_the_measured_overlap_terms_reach_the_prediction_and_the_alpha_beta_view
     calibrate(root, terms=True)
     cost = predicted.newest_costs(load_calibration(root, "lab"))[("lab", 2, 1)]
     got = cost.terms
-    assert (got.compute, got.bucket_ms, got.contention) == pytest.approx((1.25, 0.1, 0.2))
-    view = query(root, "select compute, bucket_ms, bucket_ms_ci_lo, contention, contention_bytes from alpha_beta")
+    assert (got.compute, got.bucket_ms, got.contention, got.comm_contention) == pytest.approx((1.25, 0.1, 0.2, 1.0))
+    view = query(root, "select compute, bucket_ms, bucket_ms_ci_lo, contention, comm_contention from alpha_beta")
     assert view.iloc[0].to_dict() == pytest.approx(
-        {"compute": 1.25, "bucket_ms": 0.1, "bucket_ms_ci_lo": 0.1, "contention": 0.2, "contention_bytes": 1 << 20}
+        {"compute": 1.25, "bucket_ms": 0.1, "bucket_ms_ci_lo": 0.1, "contention": 0.2, "comm_contention": 1.0}
     )
     prof = overlap.Profile(
         forward_ms=5, backward_ms=8, optimizer_ms=1, ready_ms=(6.0, 4.0), nbytes=(4000, 4000), order=(1, 0)

@@ -23,14 +23,17 @@ def _measure(rank: int) -> tuple[list[dict] | None, int]:
     return rows, params
 
 
-def test_the_five_arms_are_measured_on_every_rank_and_rank_0_reports_them(tmp_path):
+def test_the_six_arms_are_measured_on_every_rank_and_rank_0_reports_them(tmp_path):
     (rows, params), (other, _) = run_world(_measure, 2, tmp_path)
     assert other is None
     kinds = [r["kind"] for r in rows]
-    assert kinds == ["compute_solo", "compute_alone", "compute_contended", "ddp_backward", "ddp_backward"]
-    many, one = rows[3], rows[4]
+    compute, comm = ["compute_solo", "compute_alone", "compute_contended"], ["comm_alone", "comm_contended"]
+    assert kinds == [*compute, *comm, "ddp_backward", "ddp_backward"]
+    many, one = rows[5], rows[6]
     assert (many["buckets"], one["buckets"]) == (params, 1)  # a bucket per parameter; every parameter in one
-    assert rows[2]["size_bytes"] == many["size_bytes"] // 4 * 4 > 0  # the whole gradient: under the 25 MiB cap
+    assert rows[2]["size_bytes"] == rows[3]["size_bytes"] == many["size_bytes"] // 4 * 4 > 0  # the whole gradient
+    # the contended arm's all-reduces are waited for after its compute: launch to done outlasts the compute
+    assert all(t >= c for t, c in zip(rows[4]["times_ms"], rows[2]["times_ms"], strict=True))
     for r in rows:
         assert len(r["times_ms"]) == r["iters"] == terms.REPEATS
         assert all(math.isfinite(t) and t > 0 for t in r["times_ms"])

@@ -7,11 +7,14 @@ with its own workload:
   inside the group (the forward too: an embedding lookup slows more than a matmul);
 - contention κ: the forward and backward on every rank at once, alone and while all-reduces are in flight the
   whole time (queued before it starts, as DDP queues its buckets): κ = contended / alone − 1;
+- the other side of it, λ: the same queue of all-reduces alone (W) and beside that compute (T, from their
+  launch to the last one done; the compute took C): they run (1 + λ) times as long while compute runs, so
+  1 + λ = C / (C + W − T) where they outlast the compute, T / W where they end inside it;
 - per-bucket cost c: the backward of DDP with every parameter in a bucket of its own, and with one bucket, both
   under a hook that does the default hook's local work (divide by the world size) and sends nothing, so the
   difference is the reducer's work per bucket on the compute stream: c = (many − one) / (their bucket counts' gap).
 
-The five arms take turns in every repeat, in reverse order every other repeat (after untimed warm-ups); each
+The six arms take turns in every repeat, in reverse order every other repeat (after untimed warm-ups); each
 time is the slowest rank's (solo: rank 0's), the device synchronized around it. Call on every rank of an
 initialized process group; rank 0 gets the rows (calibration rows: kind, size_bytes — the gradient's, or the
 contending all-reduce's —, buckets, time_ms = the median, times_ms per repeat).
@@ -82,10 +85,11 @@ def _timed(
     queue: Callable = lambda: [],
     solo: bool = False,
     forward: bool = True,
+    comm: list[float] | None = None,
 ) -> float:
     """One forward and backward's ms (with `forward` False, the backward's alone; every rank starts together);
-    `queue` launches the collectives that run beside it, waited for after the timed region. `solo`: rank 0
-    alone, the others wait (0 ms)."""
+    `queue` launches the collectives that run beside it, waited for after the timed region (`comm` gets the ms
+    from their launch to the last one done). `solo`: rank 0 alone, the others wait (0 ms)."""
     if solo and dist.get_rank() != 0:
         dist.barrier()
         dist.barrier()
@@ -95,6 +99,7 @@ def _timed(
             loss = loss_of(module)
         _sync(device)
     dist.barrier()
+    launched = time.perf_counter()
     works = queue()
     t0 = time.perf_counter()
     if forward:
@@ -106,17 +111,29 @@ def _timed(
     for w in works:
         w.wait()
     _sync(device)
+    if comm is not None:
+        comm.append((time.perf_counter() - launched) * 1e3)
     module.zero_grad(set_to_none=True)
     if solo:
         dist.barrier()
     return ms
 
 
+def _comm_alone(queue: Callable, device: torch.device) -> float:
+    """The same collectives with no compute beside them: ms from their launch to the last one done."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    for w in queue():
+        w.wait()
+    _sync(device)
+    return (time.perf_counter() - t0) * 1e3
+
+
 def measure_terms(
     model: nn.Module, loss_of: Callable, device: torch.device, grad_bytes: int, repeats: int = REPEATS
 ) -> list[dict] | None:
-    """The five arms on every rank (`loss_of(module)`: the workload's loss of one fixed micro-batch through
-    `module`), `repeats` times after WARMUP; rank 0 gets five calibration rows, the other ranks None."""
+    """The six arms on every rank (`loss_of(module)`: the workload's loss of one fixed micro-batch through
+    `module`), `repeats` times after WARMUP; rank 0 gets seven calibration rows, the other ranks None."""
     alone_model = copy.deepcopy(model)
     size = min(grad_bytes, MESSAGE_CAP) // 4 * 4
     buf = torch.zeros(size // 4, dtype=torch.float32, device=device)
@@ -130,10 +147,12 @@ def measure_terms(
     def queue() -> list:
         return [dist.all_reduce(buf, async_op=True) for _ in range(launches)]
 
+    comm: list[float] = []  # the contended arm's collectives, launch to done
     arms = {
         "solo": lambda: _timed(alone_model, loss_of, device, solo=True),
         "alone": lambda: _timed(alone_model, loss_of, device),
-        "contended": lambda: _timed(alone_model, loss_of, device, queue),
+        "contended": lambda: _timed(alone_model, loss_of, device, queue, comm=comm),
+        "comm_alone": lambda: _comm_alone(queue, device),
         "many": lambda: _timed(many, loss_of, device, forward=False),  # c: the reducer's work in the backward
         "one": lambda: _timed(one, loss_of, device, forward=False),
     }
@@ -144,6 +163,7 @@ def measure_terms(
             ms = arms[name]()
             if r >= WARMUP:
                 times[name].append(ms)
+    times["comm_contended"] = comm[WARMUP:]
     slowest = {name: gather_max(ts, device) for name, ts in times.items()}
     if dist.get_rank() != 0:
         return None
@@ -151,6 +171,8 @@ def measure_terms(
         _row("compute_solo", slowest["solo"], size_bytes=grad_bytes),
         _row("compute_alone", slowest["alone"], size_bytes=grad_bytes),
         _row("compute_contended", slowest["contended"], size_bytes=size),
+        _row("comm_alone", slowest["comm_alone"], size_bytes=size),
+        _row("comm_contended", slowest["comm_contended"], size_bytes=size),
         _row("ddp_backward", slowest["many"], size_bytes=grad_bytes, buckets=many_count.calls),
         _row("ddp_backward", slowest["one"], size_bytes=grad_bytes, buckets=one_count.calls),
     ]

@@ -14,6 +14,7 @@ bootstrap 95% interval:
     g = compute_alone / compute_solo                                                          compute sharing
     c = (ddp_backward[most buckets] − ddp_backward[one bucket]) / (the bucket counts' gap)     ms per bucket
     κ = compute_contended / compute_alone − 1
+    λ = C / (C + W − T) − 1, or T / W − 1 where T ≤ C         W, T: comm_alone, comm_contended; C: compute_contended
 """
 
 from __future__ import annotations
@@ -74,13 +75,14 @@ def predict_ms(fit: pd.Series, sizes_bytes: list[int] | np.ndarray) -> np.ndarra
     return np.where(beyond, fit["curve_ms"][-1] + (m - fit["curve_bytes"][-1]) * last_rate, inside)
 
 
-TERMS = ("compute", "bucket_ms", "contention")  # g, c, κ
+TERMS = ("compute", "bucket_ms", "contention", "comm_contention")  # g, c, κ, λ
 TERM_COLUMNS = [f"{t}{s}" for t in TERMS for s in ("", "_ci_lo", "_ci_hi")] + ["contention_bytes"]
-TERM_KINDS = ("compute_solo", "compute_alone", "compute_contended", "ddp_backward")  # trainers.terms' rows
+TERM_KINDS = ("compute_solo", "compute_alone", "compute_contended", "comm_alone", "comm_contended", "ddp_backward")
+NO_PROGRESS = 100.0  # λ where the collectives made no progress beside the compute (T ≥ C + W)
 
 
 def terms(calibration: pd.DataFrame) -> pd.DataFrame:
-    """Per (cluster, sweep, world size, nodes, backend) whose calibration measured them: g, c and κ, each with
+    """Per (cluster, sweep, world size, nodes, backend) whose calibration measured them: g, c, κ and λ, each with
     its interval (null where its rows are missing), and the contending all-reduce's bytes."""
     rows = calibration[calibration["kind"].isin(TERM_KINDS)] if len(calibration) else calibration
     groups = rows.groupby(FIT_KEYS, dropna=False) if len(rows) else []
@@ -89,7 +91,7 @@ def terms(calibration: pd.DataFrame) -> pd.DataFrame:
 
 
 def _terms_of(grp: pd.DataFrame) -> dict:
-    """g, c and κ from one placement's term rows, pairing repeats within each worker group."""
+    """g, c, κ and λ from one placement's term rows, pairing repeats within each worker group."""
     pairs: dict[str, list[np.ndarray]] = {t: [] for t in TERMS}
     size = None
     for _, g in grp.groupby("group_id", dropna=False):
@@ -101,6 +103,9 @@ def _terms_of(grp: pd.DataFrame) -> dict:
             contended = last["compute_contended"]
             pairs["contention"].append(_paired(contended["times_ms"], last["compute_alone"]["times_ms"]) - 1)
             size = int(contended["size_bytes"])
+        if {"compute_contended", "comm_alone", "comm_contended"} <= set(last):
+            times = (last[k]["times_ms"] for k in ("compute_contended", "comm_alone", "comm_contended"))
+            pairs["comm_contention"].append(_comm_slowed(*times))
         ddp = kind["ddp_backward"].dropna(subset=["buckets"]).sort_values("buckets")
         if len(ddp) >= 2 and ddp["buckets"].iloc[-1] > ddp["buckets"].iloc[0]:
             one, many = ddp.iloc[0], ddp.iloc[-1]
@@ -118,6 +123,17 @@ def _paired(a: object, b: object) -> np.ndarray:
     x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     n = min(len(x), len(y))
     return x[:n] / y[:n]
+
+
+def _comm_slowed(compute: object, alone: object, contended: object) -> np.ndarray:
+    """λ per repeat: the collectives ran at 1 / (1 + λ) while the compute (C ms) ran beside them, at full rate
+    after it: T = C + W − C / (1 + λ) where they outlast it, T = W (1 + λ) where they end inside it."""
+    c, w, t = (np.asarray(x, dtype=float) for x in (compute, alone, contended))
+    n = min(len(c), len(w), len(t))
+    c, w, t = c[:n], w[:n], t[:n]
+    with np.errstate(divide="ignore"):
+        outlast = np.where(c + w - t > 0, c / (c + w - t) - 1, NO_PROGRESS)
+    return np.minimum(np.where(t <= c, t / w - 1, outlast), NO_PROGRESS)
 
 
 def _median_interval(values: np.ndarray, n_boot: int = 1000) -> tuple[float, float, float]:
@@ -146,5 +162,5 @@ def describe_terms(line: object) -> str:
     return (
         f"compute x{figure('compute', 1, '.2f')} beside the group's other ranks, per bucket "
         f"{figure('bucket_ms', 1e3, '.0f')} us on the compute stream, compute {figure('contention', 1, '+.0%')} "
-        "while an all-reduce runs"
+        f"while an all-reduce runs, an all-reduce {figure('comm_contention', 1, '+.0%')} while compute runs"
     )

@@ -2,8 +2,8 @@
 
 Pure (numpy only): the inputs are a `Profile` (trainers.profile measures it on one rank, outside DDP), the
 cell's knobs and t(bytes), the all-reduce time of a message on the cell's placement (results.model.costmodel fits it
-to a calibration). For one micro-step, with three terms of the cluster beyond t(bytes) (`Terms`, measured by
-`ddpsweep calibrate` on the placement's ranks; g = 1, c = κ = 0 reproduce the plain α–β overlap model):
+to a calibration). For one micro-step, with four terms of the cluster beyond t(bytes) (`Terms`, measured by
+`ddpsweep calibrate` on the placement's ranks; g = 1, c = κ = λ = 0 reproduce the plain α–β overlap model):
 
     g           sharing: the profile's compute (one rank alone) takes g times as long inside the group, where the
                 other ranks compute too (a CPU node's cores, a GPU host's memory and PCIe); every time below is
@@ -12,6 +12,8 @@ to a calibration). For one micro-step, with three terms of the cluster beyond t(
                 the hook, the launch) delays everything after it in the backward
     κ           contention: compute runs at 1 / (1 + κ) of its rate while a collective is in flight (gloo's
                 threads share the cores; NCCL's kernels share the SMs)
+    λ           the other side of it: a collective runs at 1 / (1 + λ) of its rate while the backward's compute
+                runs (on a CPU node both sides share the cores: with κ = λ = 1 overlapping buys nothing)
     buckets     DDP's assignment (reducer.cpp, compute_bucket_assignment_by_size) over the gradients in the order
                 they became ready: a bucket closes once its bytes reach its limit ([first, cap, cap, …])
     w_i         compute done when bucket i is launched: the ready time of its last gradient + c·(i + 1)
@@ -20,7 +22,10 @@ to a calibration). For one micro-step, with three terms of the cluster beyond t(
                 intervals [start_j, end_j) and at 1 / (1 + κ) inside them
     ready_i     τ(w_i), in ms after the backward started
     start_i     max(ready_i, end_{i-1}): one collective at a time, in bucket order (the reducer's)
-    end_i       start_i + t(bytes_i), bytes as the hook sends them (fp16 / bf16: half)
+    end_i       start_i + t(bytes_i) (bytes as the hook sends them, fp16 / bf16: half), the part of it beside the
+                compute taking (1 + λ) times as long: the compute left at start_i, R, runs at 1 / (1 + κ)
+                meanwhile, so end_i = start_i + (1 + λ) t where (1 + λ) t ≤ (1 + κ) R, else
+                start_i + (1 + κ) R + t − (1 + κ) R / (1 + λ)
     synced      forward + max(τ(W), end_last)       (DDP waits for every bucket before the backward ends)
     unsynced    forward + backward                  (no_sync(): nothing is sent, no bucket is launched)
     step        synced x (gas if no no_sync else 1) + unsynced x (the rest) + optimizer
@@ -31,8 +36,6 @@ start communicating early, so more of the backward runs slowed. α–β alone on
 Where it is known to be wrong, in the direction it errs:
 - g, c and κ are measured with one micro-batch of the calibrating spec's workload; another workload on the
   placement borrows them;
-- t(bytes) is an all-reduce alone on an idle group; a collective is not slowed by the compute beside it (too fast
-  where communication dominates);
 - PowerSGD and compiled steps are not modeled (None): their communication is not DDP's buckets.
 One named factor per placement may absorb what remains (`fit_slowdown`: compute x s, fitted to measured cells and
 shown beside the predictions as a diagnostic), never hidden in t(bytes) or in the predictions.
@@ -146,9 +149,11 @@ class Terms:
     """c: compute-stream time per DDP bucket (copy into the bucket, hook, launch), ms."""
     contention: float = 0.0
     """κ: compute takes (1 + κ) times as long while a collective is in flight."""
+    comm_contention: float = 0.0
+    """λ: a collective takes (1 + λ) times as long while compute runs beside it."""
 
     def __post_init__(self) -> None:
-        for name in ("compute", "bucket_ms", "contention"):
+        for name in ("compute", "bucket_ms", "contention", "comm_contention"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"{name}: {v!r} is not a finite number >= 0")
@@ -167,6 +172,18 @@ class _Compute:
         self.now = self.done = 0.0  # wall ms, compute ms
         self.busy: list[tuple[float, float]] = []  # the collectives' [start, end), in order, not overlapping
         self.first = 0  # the first interval that has not ended by now
+
+    def done_by(self, wall: float) -> float:
+        """Compute done by wall time `wall` (≥ now) if it ran without pause, as far as the intervals so far say."""
+        now, done, first = self.now, self.done, self.first
+        while self.now < wall:
+            rate, until = self._rate()
+            step = wall - self.now if until is None else min(wall, until) - self.now
+            self.done += step * rate
+            self.now += step
+        got = self.done
+        self.now, self.done, self.first = now, done, first
+        return got
 
     def reach(self, work: float) -> float:
         """The wall time at which `work` ms of compute are done (never before now: compute is sequential)."""
@@ -197,15 +214,25 @@ def timeline(
     """(ready, start, end) per bucket, and the backward's end, in wall ms after the backward started: each bucket
     starts when it is launched and the previous one has ended (see the module docstring)."""
     compute = _Compute(terms.contention)
+    total = profile.backward_ms + terms.bucket_ms * len(buckets)  # W
     out, end = [], 0.0
     for k, b in enumerate(buckets):
         ready = compute.reach(max(profile.ready_ms[i] for i in b) + terms.bucket_ms * (k + 1))
         sent = sum(profile.nbytes[i] for i in b) // (2 if hook in HALF else 1)
         start = max(ready, end)
-        end = start + float(t(sent))
+        beside = (total - compute.done_by(start)) * (1 + terms.contention)  # wall ms the compute still runs
+        end = start + _comm_wall(float(t(sent)), max(0.0, beside), terms.comm_contention)
         compute.busy.append((start, end))
         out.append((ready, start, end))
-    return tuple(out), compute.reach(profile.backward_ms + terms.bucket_ms * len(buckets))
+    return tuple(out), compute.reach(total)
+
+
+def _comm_wall(alone: float, beside: float, slowed: float) -> float:
+    """Wall ms of a collective of `alone` ms that has compute beside it for its first `beside` ms, running at
+    1 / (1 + λ) of its rate meanwhile and at its full rate after."""
+    if alone * (1 + slowed) <= beside:
+        return alone * (1 + slowed)
+    return beside + alone - beside / (1 + slowed)
 
 
 def predict_step(

@@ -88,7 +88,7 @@ def newest_costs(calibration: pd.DataFrame) -> dict[tuple[str, int, int], Cost]:
 
 
 def terms_of(measured: pd.Series) -> overlap.Terms:
-    """The model's terms from costmodel.terms()' line: each median, g at least 1 and c, κ at least 0 (beyond
+    """The model's terms from costmodel.terms()' line: each median, g at least 1 and c, κ, λ at least 0 (beyond
     them is a term this calibration could not tell from nothing); a term not measured has its neutral value."""
 
     def median(name: str, neutral: float) -> float:
@@ -96,7 +96,7 @@ def terms_of(measured: pd.Series) -> overlap.Terms:
         return neutral if v is None or pd.isna(v) else max(neutral, float(v))
 
     g, c, k = median("compute", 1.0), median("bucket_ms", 0.0), median("contention", 0.0)
-    return overlap.Terms(compute=g, bucket_ms=c, contention=k)
+    return overlap.Terms(compute=g, bucket_ms=c, contention=k, comm_contention=median("comm_contention", 0.0))
 
 
 def cost(fit: pd.Series) -> Callable[[int], float]:

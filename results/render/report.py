@@ -161,8 +161,11 @@ def calibration_tables(rows: pd.DataFrame, calibration: pd.DataFrame) -> list[Se
 
     fits = costmodel.summary(calibration)
     us = {f"bucket_us{s}": fits[f"bucket_ms{s}"] * 1e3 for s in ("", "_ci_lo", "_ci_hi")}
-    fits = _with_intervals(fits.assign(alpha_us=fits["alpha_ms"] * 1e3, **us), ["compute", "bucket_us", "contention"])
-    fit_table = _table(fits, [*FIT_COLUMNS, "n_sizes", "uses", "compute", "bucket_us", "contention"])
+    fits = _with_intervals(
+        fits.assign(alpha_us=fits["alpha_ms"] * 1e3, **us), ["compute", "bucket_us", "contention", "comm_contention"]
+    )
+    terms = ["compute", "bucket_us", "contention", "comm_contention"]
+    fit_table = _table(fits, [*FIT_COLUMNS, "n_sizes", "uses", *terms])
     return [Section("Calibration: the α–β model and the overlap terms per group of ranks", fit_table)]
 
 

@@ -33,5 +33,6 @@ VIEWS: dict[str, str] = {
     "(latency alpha_us, bandwidth beta_gbps, the worst relative residual), and the overlap model's terms "
     "measured beside it: compute, how many times longer one rank's compute takes beside the group's other ranks; "
     "bucket_ms, the compute-stream cost per DDP bucket; contention, how much longer compute takes while an "
-    "all-reduce runs (each with its 95% interval; null where not measured).",
+    "all-reduce runs; comm_contention, how much longer an all-reduce takes while compute runs (each with its 95% "
+    "interval; null where not measured).",
 }
