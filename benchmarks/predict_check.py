@@ -111,7 +111,7 @@ def match_link(store: Path, cluster: str, mbit: float) -> str:
 def judge(store: Path, cluster: str, sweep: str) -> pd.DataFrame:
     """Per curve of the grid sweep: its depth (largest / best − 1) against what it resolves (min_resolvable_rel),
     whether it has a left arm (its smallest bucket outside the indistinguishable set), and the model's median
-    |error|, Spearman and left arm with the measured terms and without them (c = κ = 0), at slowdown 1."""
+    |error|, Spearman and left arm with the measured terms and without them (g = 1, c = κ = λ = 0), at slowdown 1."""
     from results.analysis import cells as analysis
     from results.model import predicted
     from results.storage.store import Store, load, load_calibration
@@ -237,7 +237,7 @@ def main() -> None:
             print(f"curves, {title}:")
             print(curve_table(got["after"][key]).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
         print(f"the link and the terms:\n{link_figures(out / 'store', cluster)}")
-        print(f"judged ({args.rounds} rounds), with the measured terms and without them (c = κ = 0), slowdown 1:")
+        print(f"judged ({args.rounds} rounds), with the measured terms and without them (g = 1, c = κ = λ = 0), slowdown 1:")
         judged = judge(out / "store", cluster, f"m-{name}")
         print(judged.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     print(f"\nstore: {out / 'store'}")
