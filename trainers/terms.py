@@ -4,7 +4,7 @@ with its own workload:
 - sharing g: the workload's forward and backward on rank 0 while the other ranks wait (solo, as the profile
   runs), and on every rank at once (alone: no communication, but the peers' compute beside it: on a CPU node
   they share the cores and the memory bandwidth): g = alone / solo, how much slower the profile's compute runs
-  inside the group (the forward too: an embedding lookup slows more than a matmul);
+  inside the group (the model scales all of it by g);
 - contention κ: the forward and backward on every rank at once, alone and while all-reduces are in flight the
   whole time (queued before it starts, as DDP queues its buckets): κ = contended / alone − 1;
 - the other side of it, λ: the same queue of all-reduces alone (W) and beside that compute (T, from their
