@@ -237,7 +237,8 @@ def main() -> None:
             print(f"curves, {title}:")
             print(curve_table(got["after"][key]).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
         print(f"the link and the terms:\n{link_figures(out / 'store', cluster)}")
-        print(f"judged ({args.rounds} rounds), with the measured terms and without them (g = 1, c = κ = λ = 0), slowdown 1:")
+        neutral = "without them (g = 1, c = κ = λ = 0)"
+        print(f"judged ({args.rounds} rounds), with the measured terms and {neutral}, slowdown 1:")
         judged = judge(out / "store", cluster, f"m-{name}")
         print(judged.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     print(f"\nstore: {out / 'store'}")
