@@ -100,21 +100,22 @@ def spec_reference() -> str:
 
 FIELD_LINE = re.compile(r'pa\.field\("(\w+)",[^#]*?(?:#\s*(.*))?$')
 KNOB_LINE = re.compile(r'_knob_column\(BY_NAME\["(\w+)"\]\),?\s*(?:#\s*(.*))?$')
-MEASURED_LINE = re.compile(r"^    (\w+): [^#]+#\s*(.*)$")  # a field of trainers.measurement.Measurement
+MEASURED_LINE = re.compile(r"^    (\w+): [^#]+#\s*(.*)$")  # a field of trainers.knobs.Measurement
 
 
 def column_docs() -> dict[str, str]:
     """Every row column's documentation: the comment beside it in results/storage/schema.py or, for a measurement, in
-    trainers/measurement.py, else its knob's doc."""
+    trainers.knobs.Measurement, else its knob's doc."""
     from results.storage.schema import SCHEMA
     from sweeps.spec.sweep import knob_docs
+    from trainers.knobs import Measurement
 
     comments: dict[str, str] = {}
     for line in (ROOT / "results" / "storage" / "schema.py").read_text().splitlines():
         m = FIELD_LINE.search(line) or KNOB_LINE.search(line)
         if m and m.group(2):
             comments.setdefault(m.group(1), m.group(2).strip())
-    for line in (ROOT / "trainers" / "measurement.py").read_text().splitlines():
+    for line in inspect.getsource(Measurement).splitlines():
         m = MEASURED_LINE.match(line)
         if m:
             comments.setdefault(m.group(1), m.group(2).strip())

@@ -1,5 +1,5 @@
-"""The declarations results reads from trainers, in one place: the knob table (trainers.knobs) and the fields of a
-measurement (trainers.measurement), both torch-free; and how knob values read.
+"""The declarations results reads from trainers, in one place: the knob table and the fields of a measurement
+(trainers.knobs, torch-free); and how knob values read.
 
 Every other module of results imports them from here, never trainers, torch or Ray.
 """
@@ -20,8 +20,8 @@ from trainers.knobs import (  # noqa: F401 — re-exported for results' modules
     UNSET,
     WORKLOAD,
     Knob,
+    Measurement,
 )
-from trainers.measurement import Measurement  # noqa: F401 — re-exported: results.storage.schema's columns
 
 
 def at_default(knob: Knob, value: Any) -> bool:

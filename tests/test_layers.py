@@ -17,7 +17,7 @@ FORBIDDEN = {
     "sweeps": {"service"},
     "service": {"trainers"},  # through sweeps and results; of trainers only its torch-free leaves (below)
 }
-TORCH_FREE = {"trainers.config", "trainers.errors", "trainers.knobs", "trainers.measurement", "trainers.presets"}
+TORCH_FREE = {"trainers.config", "trainers.errors", "trainers.knobs", "trainers.presets"}
 """The modules of trainers that load neither torch nor Ray, and of the project only each other: results and the
 service may import them (the knob table is the one declaration of a configuration)."""
 ALLOWED_MODULES = {"service": TORCH_FREE, "results": TORCH_FREE}

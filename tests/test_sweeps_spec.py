@@ -216,7 +216,7 @@ def test_every_measured_field_is_stored_and_read_back_as_measured(tmp_path):
     """A measurement with every field set (nested lists too) written by the row writer and read by the reader."""
     from results.storage.store import Store, load
     from tests.seed_rows import seed_rows
-    from trainers.measurement import Measurement
+    from trainers.knobs import Measurement
 
     measured = Measurement(
         **{"backend": "gloo", "device_type": "cpu", "n_params": 7, "grad_bytes": 28, "num_threads": 1},

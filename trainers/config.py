@@ -1,4 +1,4 @@
-"""Configuration of one measured cell (its result: trainers.measurement)."""
+"""Configuration of one measured cell (its result: trainers.knobs.Measurement)."""
 
 from __future__ import annotations
 

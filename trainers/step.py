@@ -21,7 +21,7 @@ from trainers.commtrace import counting_all_reduce, summarize_trace
 from trainers.config import StepConfig
 from trainers.errors import StepError
 from trainers.gradcheck import OFF, GradCheck
-from trainers.measurement import Measurement
+from trainers.knobs import Measurement
 from trainers.model import grad_bytes, n_params
 from trainers.perrank import rank_figures
 from trainers.plants import failing_backward, jittered, slowed_compute

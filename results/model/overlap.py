@@ -43,6 +43,7 @@ shown beside the predictions as a diagnostic), never hidden in t(bytes) or in th
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -174,16 +175,14 @@ class _Compute:
         self.first = 0  # the first interval that has not ended by now
 
     def done_by(self, wall: float) -> float:
-        """Compute done by wall time `wall` (≥ now) if it ran without pause, as far as the intervals so far say."""
-        now, done, first = self.now, self.done, self.first
-        while self.now < wall:
-            rate, until = self._rate()
-            step = wall - self.now if until is None else min(wall, until) - self.now
-            self.done += step * rate
-            self.now += step
-        got = self.done
-        self.now, self.done, self.first = now, done, first
-        return got
+        """Compute done by wall time `wall` (≥ now) if it ran without pause, as far as the intervals so far say
+        (on a copy: this compute's own clock stays where it is)."""
+        probe = copy.copy(self)  # shares `busy`, which it only reads
+        while probe.now < wall:
+            rate, until = probe._rate()
+            step = (wall if until is None else min(wall, until)) - probe.now
+            probe.done, probe.now = probe.done + step * rate, probe.now + step
+        return probe.done
 
     def reach(self, work: float) -> float:
         """The wall time at which `work` ms of compute are done (never before now: compute is sequential)."""

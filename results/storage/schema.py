@@ -81,7 +81,7 @@ def _arrow(hint: object) -> pa.DataType:
     return _arrow(inner[0]) if inner else _ARROW[hint]
 
 
-# What the worker measured: one column per field of trainers.measurement.Measurement (its comments document
+# What the worker measured: one column per field of trainers.knobs.Measurement (its comments document
 # them), plus the trial's wall time.
 MEASUREMENT = [pa.field(k, _arrow(t)) for k, t in typing.get_type_hints(Measurement).items()]
 MEASUREMENT.append(pa.field("trial_wall_s", pa.float64()))  # this measurement on its worker group: setup to row
