@@ -14,6 +14,8 @@
 # Node A runs the Ray head, node B a worker node; every rank binds gloo to ddp0, the interface holding its
 # node's IP (sweeps.worker.bind), with no GLOO_SOCKET_IFNAME set.
 # `up` tears everything down again if any step fails; `down` is safe to run at any time.
+# DDPSWEEP_NODE_CORES="0 1" (at `up` and `exec`) pins node A's processes, and what `exec` runs, to core 0 and node
+# B's to core 1, as two real nodes share no cores; unset, both nodes float over all of this machine's cores.
 set -euo pipefail
 
 NS_A=ddps-a
@@ -25,10 +27,12 @@ CPUS=${DDPSWEEP_NODE_CPUS:-2}
 TMP_A=/tmp/ddps-na
 TMP_B=/tmp/ddps-nb
 PY=${PYTHON:-python}
+read -r CORE_A CORE_B <<<"${DDPSWEEP_NODE_CORES:-}" || true
 
 in_ns() {
-  local ns=$1; shift
-  ip netns exec "$ns" env RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled "$@"
+  local ns=$1 core; shift
+  core=$([ "$ns" = $NS_A ] && echo "${CORE_A:-}" || echo "${CORE_B:-}")
+  ip netns exec "$ns" ${core:+taskset -c "$core"} env RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled "$@"
 }
 
 ray_start() {  # ns tmp ray-start-args...
