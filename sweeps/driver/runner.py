@@ -214,7 +214,7 @@ def _execute(plan: SweepPlan, address: str | None, verbose: bool, progress: Prog
                 _tuner(plan, opts, writer, verbose).fit()
             except Exception:
                 if writer.full is not None:
-                    raise writer.full from None  # not Tune's wrapping of it (137 lines before)
+                    raise writer.full from None  # the store's own error, not Tune's long traceback around it
                 raise
             outcome.rows, outcome.calibrations = writer.rows, writer.calibrations
             _compact(plan)  # under the claim: a --resume of this id cannot add rows meanwhile
