@@ -11,6 +11,7 @@ import pickle
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from sweeps.worker import fingerprint
@@ -50,3 +51,19 @@ def test_the_fit_task_and_the_controller_load_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", check], input=shipped, capture_output=True, check=True)
     assert out.stdout.decode().split() == ["False", "60", "True"], out.stderr.decode()[-2000:]
+
+
+@pytest.mark.parametrize(("sole_trial", "cleaner"), [(True, False), (False, True)])
+def test_the_fit_starts_no_helper_actor_it_does_not_use(sole_trial, cleaner):
+    """No datasets manager (a sweep passes no datasets); the placement-group cleaner only when trials run side
+    by side, since with one trial at a time sweeps.trial.leftover removes what a killed fit left."""
+    from ray.train import ScalingConfig
+
+    from sweeps.fit.task import SweepTrainer
+
+    trainer = SweepTrainer(
+        lambda config: None, keep_cleaner=not sole_trial, scaling_config=ScalingConfig(num_workers=2)
+    )
+    names = {type(cb).__name__ for cb in trainer._create_default_callbacks()}
+    assert {"BackendSetupCallback", "AcceleratorSetupCallback"} <= names and "DatasetsCallback" not in names
+    assert ("PlacementGroupCleanerCallback" in names) is cleaner

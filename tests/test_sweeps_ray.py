@@ -85,6 +85,7 @@ def test_group_measures_every_pair_in_rounds_and_one_rank_failing_mid_backward_i
 
     started = {a.class_name for a in list_actors(address=ray.get_runtime_context().gcs_address, limit=10_000)}
     assert "TrainController" in started and "PreemptionWatcher" not in started  # sweeps.fit.task.TRAIN_ENV turns it off
+    assert not started & {"DatasetManager", "PlacementGroupCleaner"}  # sweeps.fit.task.SweepTrainer
     assert sorted((r["cell_id"], r["repeat"]) for r in first.rows) == sorted(
         (c.cell_id, r) for c in (baseline, good, bad) for r in (0, 1)
     )
