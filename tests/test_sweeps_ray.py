@@ -261,6 +261,7 @@ def test_one_worker_group_measures_every_placement_on_its_own_ranks(fault_file, 
     fault_file.write_text("")
     monkeypatch.setenv(SLOWDOWN_ENV, "*@1=1")
     text = spec_text(buckets="[25]", isolation="sweep").replace("workers: [2]", "workers: [1, 2]")
+    text = text.replace("timed_steps: 3", "timed_steps: 10")  # 3 steps once left the planted 2x inside the noise
     plan = plan_sweep(parse_spec(text), results=str(tmp_path))
     (group,) = plan.groups()  # baselines, 1x1 and 1x2 DDP: one worker group of two ranks
     assert group.first.world_size == 2 and len(group.slots) == 3
