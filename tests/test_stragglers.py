@@ -142,10 +142,12 @@ def cell_with_plant(rank: int, cfg: StepConfig, fraction: float):
 
 def test_every_rank_reports_its_compute_and_wait_and_a_planted_rank_is_slower(tmp_path):
     cfg = StepConfig(model="tiny", mode="ddp", micro_batch=4, seq_len=32, warmup_steps=2, timed_steps=6)
-    m = run_world(cell_with_plant, 2, tmp_path, cfg, 1.0)[0]
+    m = run_world(cell_with_plant, 2, tmp_path, cfg, 3.0)[0]
     assert [len(p) for p in m.rank_compute_ms] == [PROBES, PROBES] and len(m.rank_wait_ms) == 2
     fast, slow = (statistics.median(p) for p in m.rank_compute_ms)
-    assert slow > 1.4 * fast  # twice the compute planted; the median probe of each rank
+    # four times the compute planted; the median probe of each rank. Beside the other test process the two ranks
+    # share the cores unevenly (a planted 2x once read 1.35x), so the plant is far above the bound
+    assert slow > 2 * fast
     assert m.rank_wait_ms[0] > m.rank_wait_ms[1]  # rank 0 waits for rank 1 at every step
 
 
