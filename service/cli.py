@@ -312,8 +312,21 @@ def init(
     echo(f"next: {next_step(folder)}   (the grid and whether this machine can run it; nothing starts)")
 
 
+INTERRUPTED_CODES = (130, 143)  # Ctrl-C, SIGTERM
+
+
 def main() -> None:
-    sys.exit(app())
+    """The console script. After an interrupt, Ray is already shut down and the message printed: the process
+    ends at once, since a thread Ray or Tune left behind can hold the interpreter's exit (seen once in CI: the
+    message printed, then no exit for 120 s)."""
+    try:
+        sys.exit(app())
+    except SystemExit as e:
+        if e.code not in INTERRUPTED_CODES:
+            raise
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(e.code)
 
 
 if __name__ == "__main__":
