@@ -5,6 +5,7 @@ constructor does. Call on every rank of an initialized process group; rank 0 get
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 
@@ -64,20 +65,26 @@ def _row(kind: str, size: int, times: list[float], world: int) -> dict:
     }
 
 
+BUDGET_MS = 200.0  # timed all-reduces per size: at least `iters`, more where they take less than this in all
+MAX_ITERS = 200
+
+
 def allreduce_sweep(
     sizes: list[int], device: torch.device, *, warmup: int = 5, iters: int = 10, all_reduce: AllReduce = dist.all_reduce
 ) -> list[dict] | None:
-    """Per size: the slowest rank's time per all-reduce (median over iters), algbw, busbw. The values are
-    checked after every size; a wrong one raises CalibrationError on every rank."""
+    """Per size: the slowest rank's time per all-reduce (median over its iterations), algbw, busbw. Each size
+    runs at least `iters` timed all-reduces and as many more as fill BUDGET_MS (at most MAX_ITERS): a small
+    message's median of 10 lands on either mode where a few of them stall (on a 2-vCPU VM: 4 ms stalls, the
+    timer tick, in a tenth of 64 KB all-reduces). The values are checked after every size; a wrong one raises
+    CalibrationError on every rank."""
     world, rank = dist.get_world_size(), dist.get_rank()
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     rows = []
     for size in sizes:
         t = torch.empty(size // 4, dtype=torch.float32, device=device)  # fp32, as DDP's gradients
         op = lambda t=t: all_reduce(t)
-        for _ in range(warmup):
-            op()
-        times = time_steps(op, iters, sync)
+        warm = time_steps(op, warmup, sync)
+        times = time_steps(op, _iterations(warm, iters, device), sync)
         t.fill_(rank + 1)
         all_reduce(t)
         sync()
@@ -87,6 +94,14 @@ def allreduce_sweep(
         rows.append(_row("all_reduce", size, gather_max(times, device), world))
         del t
     return rows if rank == 0 else None
+
+
+def _iterations(warm_ms: list[float], least: int, device: torch.device) -> int:
+    """How many all-reduces fill BUDGET_MS at the warm-ups' median pace (between `least` and MAX_ITERS); the
+    largest count of any rank, so that every rank runs the same number."""
+    pace = statistics.median(warm_ms) if warm_ms else BUDGET_MS
+    wanted = min(MAX_ITERS, max(least, math.ceil(BUDGET_MS / max(pace, 1e-3))))
+    return int(gather_max([float(wanted)], device)[0])
 
 
 def broadcast_time(model: nn.Module, device: torch.device, iters: int = 3) -> dict | None:
