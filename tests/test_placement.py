@@ -67,3 +67,28 @@ def test_command_output_is_stored_without_terminal_escapes(tmp_path, monkeypatch
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     assert fingerprint._run(["nvidia-smi", "topo", "-m"]) == "GPU0\tCPU Affinity\nGPU0\t X \t0-15"
+
+
+def test_variables_the_harness_sets_are_not_the_configuration_a_row_records(monkeypatch):
+    """The rank binds gloo to its node's interface and sets NCCL's fault handling itself: the row's `env` (what a
+    recommendation pastes) keeps the cluster's and the spec's variables and never these; the node's network
+    fingerprint still says which interface gloo used."""
+    import torch
+
+    from sweeps.worker import bind, fingerprint
+
+    monkeypatch.setattr(bind, "SET_BY_HARNESS", set())
+    for name in ("GLOO_SOCKET_IFNAME", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_DEBUG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NCCL_IB_HCA", "mlx5_0")  # the cluster's
+    assert bind.bind_gloo("127.0.0.1") == "lo" and os.environ["GLOO_SOCKET_IFNAME"] == "lo"
+    assert bind.harness_default("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2") == "2"
+    assert bind.harness_default("NCCL_IB_HCA", "other") == "mlx5_0"  # never replaces what is in force
+    row = fingerprint.collect(torch.device("cpu"), given={"NCCL_DEBUG": "WARN"})
+    assert json.loads(row["env"]) == {"NCCL_DEBUG": "WARN", "NCCL_IB_HCA": "mlx5_0"}
+    assert network("127.0.0.1")["env"]["GLOO_SOCKET_IFNAME"] == "lo"
+
+    monkeypatch.setattr(bind, "SET_BY_HARNESS", set())
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ib0")  # a spec that names the interface: the configuration's
+    assert bind.bind_gloo("127.0.0.1") == "ib0"
+    assert json.loads(fingerprint.collect(torch.device("cpu"))["env"])["GLOO_SOCKET_IFNAME"] == "ib0"

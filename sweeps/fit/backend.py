@@ -94,12 +94,12 @@ def _init_process_group_on_worker(backend: str, world_rank: int, world_size: int
     import torch
     import torch.distributed as dist
 
-    from sweeps.worker.bind import bind_gloo
+    from sweeps.worker.bind import bind_gloo, harness_default
 
     bind_gloo(ray.util.get_node_ip_address())
     device_id = None
     if backend == "nccl":
-        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")  # CleanUpOnly: abort, keep the process
+        harness_default("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")  # CleanUpOnly: abort, keep the process
         device_id = torch.device("cuda", _local_gpu_index())
     timeout = timedelta(seconds=timeout_s)
     dist.init_process_group(

@@ -4,6 +4,10 @@ Gloo picks its interface from the hostname unless GLOO_SOCKET_IFNAME names one (
 syntax). On clusters where the hostname resolves to loopback or to another network, every gloo group (the CPU
 groups, and the gradient check's on any cluster) fails at start-up with "connectFullMesh failed". The Ray node's
 IP is the address the other nodes reach this one at, so its interface is the one to bind.
+
+Variables the harness sets on a rank this way are its own, not the configuration measured: rows never record them
+in `env`, so a recommendation never tells a user to export them (an interface name of one node, our NCCL fault
+handling).
 """
 
 from __future__ import annotations
@@ -11,6 +15,15 @@ from __future__ import annotations
 import os
 
 GLOO_IFNAME = "GLOO_SOCKET_IFNAME"
+SET_BY_HARNESS: set[str] = set()  # the variables this process's harness set (neither the spec nor the cluster did)
+
+
+def harness_default(name: str, value: str) -> str:
+    """Set `name` unless the environment (the spec's `env`, the cluster's) already does; returns the value in force."""
+    if name not in os.environ:
+        os.environ[name] = value
+        SET_BY_HARNESS.add(name)
+    return os.environ[name]
 
 
 def interface_of(ip: str) -> str | None:
@@ -29,6 +42,4 @@ def bind_gloo(node_ip: str) -> str | None:
     if os.environ.get(GLOO_IFNAME):
         return os.environ[GLOO_IFNAME]
     name = interface_of(node_ip)
-    if name is not None:
-        os.environ[GLOO_IFNAME] = name
-    return name
+    return name if name is None else harness_default(GLOO_IFNAME, name)

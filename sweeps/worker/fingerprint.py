@@ -15,6 +15,8 @@ from importlib import metadata
 
 import torch
 
+from sweeps.worker import bind
+
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "OMP_NUM_THREADS")
 
 
@@ -123,6 +125,12 @@ def network(node_ip: str) -> dict:
     }
 
 
+def _configured_env() -> dict[str, str]:
+    """The NCCL/GLOO variables in force that the cluster or the spec set; those the harness set are not the
+    configuration (sweeps.worker.bind.SET_BY_HARNESS)."""
+    return {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) and k not in bind.SET_BY_HARNESS}
+
+
 def collect(device: torch.device, given: dict[str, str] | None = None) -> dict:
     """Fingerprint columns of the row schema (except `hosts`, gathered from every rank). `env`: the NCCL/GLOO
     variables in force on the worker, those the spec set (`given`) as the spec wrote them: a value the process
@@ -142,7 +150,5 @@ def collect(device: torch.device, given: dict[str, str] | None = None) -> dict:
         "python_version": platform.python_version(),
         "ddpsweep_version": _version("ddpsweep"),
         "topology": _run(["nvidia-smi", "topo", "-m"]) if cuda else "",
-        "env": json.dumps(
-            dict(sorted(({k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)} | (given or {})).items()))
-        ),
+        "env": json.dumps(dict(sorted((_configured_env() | (given or {})).items()))),
     }
