@@ -56,6 +56,8 @@ def test_the_seed_recommends_25_mb_and_no_sync_with_the_gain_the_post_reports(se
     assert 0 < four["gain_ci_lo"] < four["gain"] < four["gain_ci_hi"]
     assert "model.no_sync()" in four["snippet"] and "bucket_cap_mb=25" in four["snippet"]
     assert four["best"]["tokens_per_s_ci_lo"] < four["best"]["tokens_per_s"] < four["best"]["tokens_per_s_ci_hi"]
+    for block in to_text([one, four]).split("\n\n"):  # only the best is within the noise: none else is named
+        assert "  indistinguishable from the best: none: every other one is slower\n" in block
 
 
 def test_a_noisy_store_gets_no_false_recommendation(tmp_path):
@@ -69,6 +71,10 @@ def test_a_noisy_store_gets_no_false_recommendation(tmp_path):
         assert rec["recommended"]["bucket_cap_mb"] == 25.0 and rec["recommended"]["no_sync"] is False, rec["verdict"]
         if rec["best"] != rec["default"]:
             assert rec["verdict"].startswith("The intervals cannot separate")
+        listed = to_text([rec]).split("indistinguishable from the best: ")[1].splitlines()[0].split("; ")
+        best = {k: rec["best"][k] for k in rec["indistinguishable"][0]}
+        others = [c for c in rec["indistinguishable"] if c != best]
+        assert len(others) == len(rec["indistinguishable"]) - 1 >= 1 and len(listed) == len(others)  # never the best
 
 
 def test_two_rounds_say_how_many_to_run_instead_of_a_degenerate_interval(tmp_path):

@@ -347,6 +347,15 @@ def to_json(recs: list[dict]) -> str:
     return json.dumps(json_safe(recs), indent=1, allow_nan=False)
 
 
+def _others_text(r: dict) -> str:
+    """The configurations the intervals cannot tell from the best, the best itself left out."""
+    best = {k: v for k, v in r["best"].items() if k in r["indistinguishable"][0]} if r["indistinguishable"] else {}
+    others = [describe(c) for c in r["indistinguishable"] if c != best]
+    if others:
+        return "; ".join(others)
+    return "none (the only configuration measured)" if r["cells"] == 1 else "none: every other one is slower"
+
+
 def to_text(recs: list[dict]) -> str:
     """The recommendations as a person reads them: one block per curve."""
     if not recs:
@@ -357,7 +366,7 @@ def to_text(recs: list[dict]) -> str:
         head = f"{r['model']} on {r['cluster']} ({r['sweep_id']}), {r['topology']}, gas {r['gas']}:"
         timing = f"  best {b['step_ms']:.2f} ms [{_f(b['step_ms_ci_lo'])}, {_f(b['step_ms_ci_hi'])}]"
         timing += f", {b['samples_per_s']:.1f} samples/s"
-        same = "; ".join(describe(c) for c in r["indistinguishable"])
+        same = _others_text(r)
         lines = [head, f"  {r['verdict']}", timing, f"  compared with: {r['default_note']}"]
         if r.get("gain_over_compiled"):
             lines.append(f"  compiled: {_compiled_gain_text(r)}")

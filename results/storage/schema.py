@@ -98,7 +98,7 @@ FINGERPRINT = [
     pa.field("python_version", pa.string()),  # Python
     pa.field("ddpsweep_version", pa.string()),  # ddpsweep
     pa.field("topology", pa.string()),  # nvidia-smi topo -m, where present
-    pa.field("env", pa.string()),  # JSON object of NCCL_*/GLOO_* variables in force
+    pa.field("env", pa.string()),  # JSON object of the NCCL_*/GLOO_* variables the spec or cluster set
     pa.field("network", pa.string()),  # JSON list, one object per node: interfaces, speeds, IB ports, GPUs, topo
 ]
 
