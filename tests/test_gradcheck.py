@@ -275,6 +275,8 @@ def test_compressing_configurations_carry_their_error_into_recommend():
     assert n["grad_rel_error"] == pytest.approx(3.015e-4) and n["grad_rel_error_range"] == [3.0e-4, 3.03e-4]
     assert "gradient error 3.0e-04 [3.0e-04, 3.0e-04] over 4 checks" in rec["verdict"]
     assert "approximate (a compressing hook)" in recommend.to_text([rec])
+    (one,) = recommend.recommend(pd.DataFrame([r for r in rows if r["repeat"] == 0]))
+    assert "gradient error 3.0e-04, one check" in one["verdict"]  # one check has no range to show
 
 
 def test_the_sweep_page_and_the_report_show_a_failed_configuration_with_its_error(tmp_path):

@@ -181,9 +181,12 @@ def _row_of(grp: pd.DataFrame, cfg: dict) -> pd.Series:
 
 
 def _error_text(n: dict) -> str:
-    """`: gradient error 3.1e-04 [2.9e-04, 3.3e-04]` (median and range over its checks), or nothing unchecked."""
+    """` (gradient error 3.1e-04 [2.9e-04, 3.3e-04] over 3 checks)`: median and range over its checks (one check has no
+    range), or that it was not measured."""
     if n.get("grad_rel_error") is None:
         return " (its gradient error was not measured)"
+    if n["grad_checks"] == 1:
+        return f" (gradient error {n['grad_rel_error']:.1e}, one check)"
     lo, hi = n["grad_rel_error_range"]
     return f" (gradient error {n['grad_rel_error']:.1e} [{lo:.1e}, {hi:.1e}] over {n['grad_checks']} checks)"
 
