@@ -41,7 +41,7 @@ from service import dashboard, jobs
 from service.clusterstate import ClusterState
 from service.downloads import download
 from service.errors import ApiError
-from service.submission import JOB_CALLS, job_server_call, submit_spec
+from service.submission import JOB_CALLS, cluster_address, job_server_call, submit_spec
 from trainers.errors import DDPSweepError
 
 log = logging.getLogger(__name__)
@@ -210,12 +210,12 @@ def add_sweep_routes(app: FastAPI, settings: ServiceSettings, auth, read_auth: l
     )
     def list_sweeps() -> list[dict]:
         with job_server_call(gate):
-            return [s.to_dict() for s in jobs.status(settings.address)]
+            return [s.to_dict() for s in jobs.status(cluster_address(settings, "list sweeps"))]
 
     @app.get("/sweeps/{sweep_id}", dependencies=read_auth, summary="One sweep's state")
     def get_sweep(sweep_id: str) -> dict:
         with job_server_call(gate):
-            return jobs.status(settings.address, _label("sweep_id", sweep_id))[0].to_dict()
+            return jobs.status(cluster_address(settings, "follow sweeps"), _label("sweep_id", sweep_id))[0].to_dict()
 
     @app.get(
         "/sweeps/{sweep_id}/logs",
@@ -225,12 +225,12 @@ def add_sweep_routes(app: FastAPI, settings: ServiceSettings, auth, read_auth: l
     )
     def sweep_logs(sweep_id: str) -> str:
         with job_server_call(gate):
-            return jobs.logs(settings.address, _label("sweep_id", sweep_id))
+            return jobs.logs(cluster_address(settings, "follow sweeps"), _label("sweep_id", sweep_id))
 
     @app.delete("/sweeps/{sweep_id}", dependencies=[auth], summary="Stop a sweep (written rows stay)")
     def stop_sweep(sweep_id: str) -> dict:
         with job_server_call(gate):
-            stopped = jobs.stop(settings.address, _label("sweep_id", sweep_id))
+            stopped = jobs.stop(cluster_address(settings, "stop sweeps"), _label("sweep_id", sweep_id))
         return {"sweep_id": sweep_id, "stopped": stopped}
 
 

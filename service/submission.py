@@ -67,20 +67,26 @@ def job_server_call(gate: threading.BoundedSemaphore) -> Iterator[None]:
         gate.release()
 
 
+def cluster_address(settings: ServiceSettings, what: str) -> str:
+    """The Ray cluster's job server address; a 503 where the server was started without one."""
+    if not settings.address:
+        raise ApiError(
+            503,
+            "Unavailable",
+            f"this server was started without a Ray cluster: it reads results but cannot {what} "
+            "(its operator starts it with `ddpsweep serve --dashboard http://HEAD:8265`)",
+        )
+    return settings.address
+
+
 def submit_spec(settings: ServiceSettings, text: str, cluster: str | None) -> dict:
     """Validate a submitted spec (422 naming the field), apply the server's allowlists (403), submit it."""
     spec = jobs.parse_submission(text)
     check_workload_allowed(spec.workload, settings.allow_workload)
     check_env_allowed(spec, settings.allow_env)
-    if not settings.address:
-        raise ApiError(
-            503,
-            "Unavailable",
-            "this server was started without a Ray cluster: it reads results but cannot submit sweeps "
-            "(its operator starts it with `ddpsweep serve --dashboard http://HEAD:8265`)",
-        )
+    address = cluster_address(settings, "submit sweeps")
     workdir = settings.workload_dir if jobs.needs_code(spec) else None
     sweep_id, job_id = jobs.submit(
-        text, spec, address=settings.address, cluster=cluster, results=settings.results, workdir=workdir
+        text, spec, address=address, cluster=cluster, results=settings.results, workdir=workdir
     )
     return {"sweep_id": sweep_id, "job_id": job_id, "warnings": spec.warnings()}

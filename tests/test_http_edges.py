@@ -232,6 +232,24 @@ def test_a_500_leaves_its_keep_alive_connection_usable(seed_store, live_server, 
         assert _raw_get(sock, "/openapi.json")[0] == 200  # the same connection answers the next request
 
 
+def test_a_server_without_a_cluster_answers_every_job_route_with_a_503_naming_the_fix(seed_store):
+    client = TestClient(create_app(ServiceSettings(address=None, results=seed_store, token="t")))
+    auth = {"Authorization": "Bearer t"}
+    calls = [
+        ("POST", "/sweeps", "submit sweeps"),
+        ("GET", "/sweeps", "list sweeps"),
+        ("GET", "/sweeps/s1", "follow sweeps"),
+        ("GET", "/sweeps/s1/logs", "follow sweeps"),
+        ("DELETE", "/sweeps/s1", "stop sweeps"),
+    ]
+    for method, path, what in calls:
+        r = client.request(method, path, headers=auth, content=SMOKE if method == "POST" else None)
+        error = r.json()["error"]
+        assert r.status_code == 503 and error["type"] == "Unavailable", (path, r.text)
+        assert f"cannot {what}" in error["message"] and "ddpsweep serve --dashboard" in error["message"]
+    assert client.get("/cells").status_code == 200  # its results are still served
+
+
 def test_post_sweeps_never_writes_outside_the_server_root(seed_store):
     client = TestClient(create_app(ServiceSettings(address=None, results=seed_store, token="t")))
     r = client.post("/sweeps?results=/elsewhere", content=SMOKE, headers={"Authorization": "Bearer t"})
@@ -250,7 +268,7 @@ def test_reads_need_the_token_when_bound_beyond_loopback(seed_store):
 
 def test_error_responses_never_show_a_server_path(seed_store):
     client = TestClient(create_app(ServiceSettings(address=None, results=seed_store, token="t")))
-    for path, status in (("/cells?cluster=nope", 404), ("/sweeps", 422), ("/report?sweep=nope", 404)):
+    for path, status in (("/cells?cluster=nope", 404), ("/sweeps", 503), ("/report?sweep=nope", 404)):
         r = client.get(path)
         assert r.status_code == status, (path, r.text)
         assert seed_store not in r.text and os.getcwd() not in r.text and os.path.expanduser("~") not in r.text
