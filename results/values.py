@@ -1,4 +1,5 @@
-"""Values as Python and JSON hold them, whatever frame or array they came from: one set for every edge."""
+"""Values as Python and JSON hold them, whatever frame or array they came from, and as a person reads them in a
+table: one set for every edge."""
 
 from __future__ import annotations
 
@@ -35,3 +36,32 @@ def json_safe(v: object) -> object:
             return [json_safe(x) for x in v]
     v = plain(v)
     return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def text(v: object) -> str:
+    """A table cell as text: floats to 3 significant digits under 1, else one decimal; missing values as a dash."""
+    if isinstance(v, float):  # numpy's float64 is one too
+        return "–" if math.isnan(v) else short(v)
+    if v is None or v is pd.NA or v is pd.NaT:
+        return "–"
+    return str(v)
+
+
+def short(v: float) -> str:
+    return f"{v:.3g}" if abs(v) < 1 else f"{v:.1f}"
+
+
+def with_intervals(df: pd.DataFrame, names: list[str]) -> pd.DataFrame:
+    """Each named figure as text 'median [lo, hi]' where its interval (`NAME_ci_lo`, `NAME_ci_hi`) is known."""
+    if df.empty:
+        return df
+    out = df.copy()
+    for name in names:
+        lo, hi = out.get(f"{name}_ci_lo"), out.get(f"{name}_ci_hi")
+        if lo is None:
+            continue
+        out[name] = [
+            text(v) if pd.isna(a) or pd.isna(v) else f"{short(v)} [{short(a)}, {short(b)}]"
+            for v, a, b in zip(out[name], lo, hi, strict=True)
+        ]
+    return out

@@ -138,10 +138,13 @@ def scaling(
     import pandas as pd
 
     from results.analysis import identity
+    from results.analysis.scaling import COLUMNS as scaling_columns
+    from results.analysis.scaling import INTERVALS
     from results.analysis.scaling import SERIES as scaling_series
     from results.analysis.scaling import scaling as scaling_table
     from results.sql.formats import render
     from results.storage.store import load, load_calibration
+    from results.values import text, with_intervals
 
     rows = pd.concat([load(results, cluster=c, sweep=sweep) for c in (cluster or [None])], ignore_index=True)
     calibration = pd.concat([load_calibration(results, c, sweep) for c in (cluster or [None])])
@@ -149,27 +152,13 @@ def scaling(
     render(table.head(0), fmt)  # an unknown --format is refused before anything is printed
     if table.empty:
         raise fail("no ok DDP rows to scale: run a sweep with a topology axis (e.g. topology: [1x1, 1x2, 2x1])")
-    shown = [
-        "cluster",
-        "gas",
-        "no_sync",
-        "bucket_cap_mb",
-        "topology",
-        "step_ms",
-        "tokens_per_s",
-        "tokens_per_s_ci_lo",
-        "tokens_per_s_ci_hi",
-        "efficiency",
-        "efficiency_ci_lo",
-        "efficiency_ci_hi",
-        "vs_previous",
-        "vs_previous_ci_lo",
-        "vs_previous_ci_hi",
-        "comm_share",
-        "busbw_gbps",
-        "knee",
-    ]
-    echo(render(table[identity.with_varying(shown, table)], fmt), data=fmt != "table")  # a varying knob: a column
+    if fmt == "table":  # as the report shows it: each figure with its interval, numbers short
+        shown = [c for c in identity.with_varying(scaling_columns, table) if c in table.columns]
+        echo(render(with_intervals(table, INTERVALS)[shown].map(text), fmt))
+    else:  # data: the intervals' bounds in columns of their own
+        bounds = [f"{name}_ci_{end}" for name in INTERVALS for end in ("lo", "hi")]
+        shown = [c for c in identity.with_varying([*scaling_columns, *bounds], table) if c in table.columns]
+        echo(render(table[shown], fmt), data=True)
     varies = identity.varying(table, [k for k in scaling_series if k not in shown])  # a series: all but placement
     series = ["cluster", "gas", "no_sync", "bucket_cap_mb", *varies]
     for _, k in table[table["knee_why"] != ""].iterrows():

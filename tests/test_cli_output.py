@@ -172,3 +172,24 @@ def test_comparing_a_label_with_itself_and_submitting_without_a_cluster_are_clea
         and "--dashboard" in r.json()["error"]["message"]
         and "serve" in r.json()["error"]["message"]
     )
+
+
+def test_the_scaling_table_shows_each_figure_with_its_interval_as_the_report_does(tmp_path):
+    """`--format table` is for people: 'median [lo, hi]' with short numbers and a dash where nothing is known (the
+    first topology has no previous one); csv keeps every bound in a column of its own."""
+    import re
+
+    from tests.test_recommend import noisy
+
+    root = store_of(tmp_path, noisy(seed_rows(), cv=0.01, repeats=3))
+    table = invoke("scaling", "--results", root)
+    assert table.exit_code == 0, table.output
+    head, *lines = table.output.strip().splitlines()
+    assert head.split()[:7] == ["cluster", "gas", "no_sync", "bucket_cap_mb", "topology", "world_size", "step_ms"]
+    assert "_ci_" not in head and "nan" not in table.output.lower() and len(lines) == 7
+    interval = r"\d+\.\d \[\d+\.\d, \d+\.\d\]"  # step_ms, tokens/s: one decimal
+    assert all(re.search(rf"1x8\s+8\s+{interval}\s+{interval}\s+0\.\d+ \[0\.\d+, 0\.\d+\]\s+–", x) for x in lines)
+    data = invoke("scaling", "--results", root, "--format", "csv")
+    columns = data.output.splitlines()[0].split(",")
+    assert {"step_ms", "step_ms_ci_lo", "step_ms_ci_hi", "efficiency_ci_lo", "tokens_per_s_ci_hi"} <= set(columns)
+    assert float(data.output.splitlines()[1].split(",")[columns.index("step_ms_ci_lo")]) > 0

@@ -23,6 +23,9 @@ from results.analysis.uncertainty import interval
 
 SERIES = [k for k in analysis.CONFIG_KEYS if k not in ("world_size", "num_nodes")]
 """One scaling series: every knob but the placement (a hook, timing or environment is a series of its own)."""
+COLUMNS = ["cluster", "gas", "no_sync", "bucket_cap_mb", "topology", "world_size", "step_ms", "tokens_per_s"]
+COLUMNS += ["efficiency", "vs_previous", "comm_share", "busbw_gbps", "knee", "n_repeats"]  # the table people read
+INTERVALS = ["step_ms", "tokens_per_s", "efficiency", "vs_previous"]  # shown as 'median [lo, hi]' there
 KNEE_DROP = 0.10  # per-rank throughput must fall by at least 10% (the whole interval) to be the knee
 
 

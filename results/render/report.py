@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import io
-import math
 import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -18,6 +17,7 @@ from matplotlib.figure import Figure
 from results.analysis import cells as analysis
 from results.analysis import identity, recommend, scaling
 from results.render import plots
+from results.values import text, with_intervals
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
@@ -106,41 +106,10 @@ def _table(df: pd.DataFrame, columns: list[str]) -> Table | None:
     if df.empty:
         return None
     cols = [c for c in identity.with_varying(columns, df) if c in df.columns]
-    return Table(cols, [[_text(v) for v in row] for row in df[cols].itertuples(index=False)])
-
-
-def _text(v: object) -> str:
-    """A cell as text: floats to 3 significant digits under 1, else one decimal; missing values as a dash."""
-    if isinstance(v, float):  # numpy's float64 is one too
-        return "–" if math.isnan(v) else _fmt(v)
-    if v is None or v is pd.NA or v is pd.NaT:
-        return "–"
-    return str(v)
-
-
-def _fmt(v: float) -> str:
-    return f"{v:.3g}" if abs(v) < 1 else f"{v:.1f}"
-
-
-def _with_intervals(df: pd.DataFrame, names: list[str]) -> pd.DataFrame:
-    """Each named figure as text 'median [lo, hi]' where its interval is known."""
-    if df.empty:
-        return df
-    out = df.copy()
-    for name in names:
-        lo, hi = out.get(f"{name}_ci_lo"), out.get(f"{name}_ci_hi")
-        if lo is None:
-            continue
-        out[name] = [
-            _fmt(v) if pd.isna(a) else f"{_fmt(v)} [{_fmt(a)}, {_fmt(b)}]"
-            for v, a, b in zip(out[name], lo, hi, strict=True)
-        ]
-    return out
+    return Table(cols, [[text(v) for v in row] for row in df[cols].itertuples(index=False)])
 
 
 FIT_COLUMNS = ["cluster", "world_size", "num_nodes", "backend", "alpha_us", "beta_gbps", "max_rel_residual"]
-SCALING_COLUMNS = ["cluster", "gas", "no_sync", "bucket_cap_mb", "topology", "world_size", "step_ms", "tokens_per_s"]
-SCALING_COLUMNS += ["efficiency", "vs_previous", "comm_share", "busbw_gbps", "knee", "n_repeats"]
 CURVE_COLUMNS = ["cluster", "world_size", "gas", "no_sync", "best_bucket_cap_mb", "indistinguishable_buckets_mb"]
 CURVE_COLUMNS += ["best_step_ms", "best_efficiency", "largest_bucket_step_ms", "overlap_saved_ms", "baseline_step_ms"]
 CURVE_COLUMNS += ["n_repeats", "min_resolvable_rel", "rounds_for_target"]
@@ -161,7 +130,7 @@ def calibration_tables(rows: pd.DataFrame, calibration: pd.DataFrame) -> list[Se
 
     fits = costmodel.summary(calibration)
     us = {f"bucket_us{s}": fits[f"bucket_ms{s}"] * 1e3 for s in ("", "_ci_lo", "_ci_hi")}
-    fits = _with_intervals(
+    fits = with_intervals(
         fits.assign(alpha_us=fits["alpha_ms"] * 1e3, **us), ["compute", "bucket_us", "contention", "comm_contention"]
     )
     terms = ["compute", "bucket_us", "contention", "comm_contention"]
@@ -173,9 +142,9 @@ def scaling_tables(rows: pd.DataFrame, calibration: pd.DataFrame | None) -> list
     """The scaling section: every (series, topology) with its intervals, busbw and the knee."""
     table = scaling.scaling(rows, calibration)
     knees = table[table["knee"]].to_dict("records")  # topology, cluster, gas, bucket_cap_mb, knee_why
-    shown = _with_intervals(table, ["step_ms", "tokens_per_s", "efficiency", "vs_previous"])
+    shown = with_intervals(table, scaling.INTERVALS)
     title = "Scaling by topology (nodes x workers per node)"
-    return [Section(title, _table(shown, SCALING_COLUMNS), notes=[] if knees else [NO_KNEE], knees=knees)]
+    return [Section(title, _table(shown, scaling.COLUMNS), notes=[] if knees else [NO_KNEE], knees=knees)]
 
 
 def _recommendations(rows: pd.DataFrame) -> list[dict]:
@@ -211,7 +180,7 @@ def prediction_tables(prediction: dict) -> list[Section]:
     curves = predicted.accuracy_table(prediction)
     listed = curves["indistinguishable_mb"].map(lambda bs: ", ".join(f"{b:g}" for b in bs))
     curves = curves.assign(indistinguishable_mb=listed)
-    cells = _with_intervals(predicted.cell_view(prediction), ["step_ms"])
+    cells = with_intervals(predicted.cell_view(prediction), ["step_ms"])
     return [
         Section("Predicted beside measured: each curve", _table(curves, predicted.ACCURACY_COLUMNS), [PREDICTION_NOTE]),
         Section("Predicted beside measured: each cell", _table(cells, PREDICTED_CELL_COLUMNS)),
@@ -223,9 +192,9 @@ def _sections(rows: pd.DataFrame, calibration: pd.DataFrame | None, prediction: 
     if not curve.empty:
         listed = curve["indistinguishable_buckets_mb"].map(lambda bs: ", ".join(f"{b:g}" for b in bs))
         curve = curve.assign(indistinguishable_buckets_mb=listed)
-    curve = _with_intervals(curve, ["best_step_ms", "best_efficiency", "overlap_saved_ms"])
-    gain = _with_intervals(analysis.no_sync_gain(rows), ["saved_ms"])
-    cells = _with_intervals(analysis.with_baseline(rows), ["step_ms", "efficiency", "exposed_comm_ms"])
+    curve = with_intervals(curve, ["best_step_ms", "best_efficiency", "overlap_saved_ms"])
+    gain = with_intervals(analysis.no_sync_gain(rows), ["saved_ms"])
+    cells = with_intervals(analysis.with_baseline(rows), ["step_ms", "efficiency", "exposed_comm_ms"])
     sections = [
         Section("Best bucket per curve", _table(curve, CURVE_COLUMNS)),
         Section("no_sync gain", _table(gain, NO_SYNC_COLUMNS)),
