@@ -39,11 +39,14 @@ def json_safe(v: object) -> object:
 
 
 def text(v: object) -> str:
-    """A table cell as text: floats to 3 significant digits under 1, else one decimal; missing values as a dash."""
+    """A table cell as text: floats to 3 significant digits under 1, else one decimal; missing values as a dash; a
+    list as its values joined."""
     if isinstance(v, float):  # numpy's float64 is one too
         return "–" if math.isnan(v) else short(v)
     if v is None or v is pd.NA or v is pd.NaT:
         return "–"
+    if isinstance(v, list | tuple):  # a set of values, e.g. the buckets indistinguishable from the best
+        return ", ".join(f"{x:g}" if isinstance(x, float) else str(x) for x in v)
     return str(v)
 
 

@@ -10,7 +10,6 @@ external assets).
 from __future__ import annotations
 
 import json
-import math
 
 import jinja2
 import markupsafe
@@ -25,6 +24,7 @@ from results.analysis import identity, recommend, scaling, stragglers
 from results.model import predicted
 from results.render import plots, report
 from results.storage.cache import ANALYSIS_MAX_ROWS, CachedStore
+from results.values import text, with_intervals
 from service.clusterstate import ClusterState
 from sweeps.driver import machine
 
@@ -130,13 +130,10 @@ def sweeps_page() -> str:
     )
 
 
-SCALING_COLUMNS = ["gas", "no_sync", "bucket_cap_mb", "topology", "step_ms", "tokens_per_s", "efficiency"]
-SCALING_COLUMNS += ["vs_previous", "vs_previous_ci_lo", "vs_previous_ci_hi", "busbw_gbps", "knee", "knee_why"]
+SCALING_COLUMNS = [*(c for c in scaling.COLUMNS if c != "cluster"), "knee_why"]  # one sweep: one cluster
 BEST_COLUMNS = ["world_size", "gas", "no_sync", "best_bucket_cap_mb", "indistinguishable_buckets_mb"]
-BEST_COLUMNS += ["best_step_ms", "best_step_ms_ci_lo", "best_step_ms_ci_hi", "best_efficiency"]
-BEST_COLUMNS += ["min_resolvable_rel", "rounds_for_target"]
+BEST_COLUMNS += ["best_step_ms", "best_efficiency", "min_resolvable_rel", "rounds_for_target"]
 NO_SYNC_COLUMNS = ["world_size", "gas", "bucket_cap_mb", "step_ms_sync", "step_ms_no_sync", "saved_ms"]
-NO_SYNC_COLUMNS += ["saved_ms_ci_lo", "saved_ms_ci_hi"]
 ERROR_COLUMNS = ["cell_id", "repeat", "mode", "bucket_cap_mb", "error"]
 CHECK_COLUMNS = ["world_size", "gas", "no_sync", "bucket_cap_mb", "comm_hook", "grad_check", "grad_rel_error"]
 CHECK_COLUMNS += ["grad_rel_error_min", "grad_rel_error_max", "grad_tol", "grad_checks", "grad_checks_failed"]
@@ -144,22 +141,19 @@ CHECK_COLUMNS += ["grad_rel_error_min", "grad_rel_error_max", "grad_tol", "grad_
 
 def scaling_context(rows: pd.DataFrame, calibration: pd.DataFrame) -> dict:
     """The knee table of scaling by topology (its figure is among the charts)."""
-    return {"table": table_context(scaling.scaling(rows, calibration), SCALING_COLUMNS, "scaling_table")}
+    table = with_intervals(scaling.scaling(rows, calibration), scaling.INTERVALS)
+    return {"table": table_context(table, SCALING_COLUMNS, "scaling_table")}
 
 
 def table_context(df: pd.DataFrame, columns: list[str], table_id: str) -> dict:
     """A table for the `table` macro: the named columns, and every knob that varies in `df` (two lines never
     look alike), each value as text."""
     cols = [c for c in identity.with_varying(columns, df) if c in df.columns]
-    return {"id": table_id, "columns": cols, "rows": [[_cell(r[c]) for c in cols] for _, r in df.iterrows()]}
-
-
-def _cell(v) -> str:
-    if isinstance(v, float):
-        return "" if math.isnan(v) else f"{v:.4g}"
-    if isinstance(v, list | tuple):
-        return ", ".join(f"{x:g}" if isinstance(x, float) else str(x) for x in v)
-    return str(v)
+    return {
+        "id": table_id,
+        "columns": cols,
+        "rows": [[text(v) for v in row] for row in df[cols].itertuples(index=False)],
+    }
 
 
 def sweep_page(cache: CachedStore, cluster: str, sweep: str) -> str:
@@ -177,7 +171,7 @@ def sweep_context(cache: CachedStore, rows: pd.DataFrame, cluster: str, sweep: s
     errors = rows[rows["status"] == "error"]
     checks = analysis.gradient_checks(rows)
     cal = cache.calibration(cluster, sweep)
-    gain = analysis.no_sync_gain(rows)
+    gain = with_intervals(analysis.no_sync_gain(rows), ["saved_ms"])
     model = prediction(cache, rows, cluster)
     return {
         "cluster": cluster,
@@ -186,7 +180,7 @@ def sweep_context(cache: CachedStore, rows: pd.DataFrame, cluster: str, sweep: s
         "n_errors": len(errors),
         "n_planted": int(analysis.planted(rows).sum()),
         "charts": charts(rows, cal, model),
-        "best": table_context(analysis.u_curve(rows), BEST_COLUMNS, "best"),
+        "best": table_context(with_intervals(analysis.u_curve(rows), ["best_step_ms"]), BEST_COLUMNS, "best"),
         "prediction": None if model is None else accuracy_context(model),
         "recs": recommend.recommend(rows),
         "scaling": scaling_context(rows, cal) if scaling.topologies(rows) > 1 else None,

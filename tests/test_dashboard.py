@@ -58,5 +58,8 @@ def test_the_sweep_page_shows_scaling_by_topology(tmp_path):
     at, knee = names.index("topology"), names.index("knee")
     knees = {re.findall(r"<td>(.*?)</td>", r)[at]: re.findall(r"<td>(.*?)</td>", r)[knee] for r in rows}
     assert knees == {"1x1": "False", "1x2": "False", "2x1": "True"}  # the knee, at the cross-node topology
+    step = [re.findall(r"<td>(.*?)</td>", r)[names.index("step_ms")] for r in rows]
+    assert all(re.fullmatch(r"\d+\.\d \[\d+\.\d, \d+\.\d\]", s) for s in step), step  # as the report and CLI
+    assert "_ci_" not in head and "nan" not in table[: table.index("</table>")].lower()
     curves = drawn(page, "u_curve")
     assert len({name for name, _ in curves}) == len({tuple(ys) for _, ys in curves}) == 3  # 1x1, 1x2, 2x1 apart
