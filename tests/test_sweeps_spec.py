@@ -30,7 +30,9 @@ SPECS = ROOT / "sweeps" / "specs"
         ("name: x\nbucket_caps: [1]", "bucket_caps", "a known field"),
         ("name: x\nbucket_cap_mb: [25, -1]", "bucket_cap_mb[1]", "a number in [0.001, 100000]"),
         ("name: x\ngas: []", "gas", "a non-empty list"),
-        ("name: x\nworkers: 2", "workers", "a non-empty list"),
+        ("name: x\nworkers: 2", "workers", "a non-empty list; for one value write workers: [2]"),
+        ("name: x\nbucket_cap_mb: 25", "bucket_cap_mb", "a non-empty list; for one value write bucket_cap_mb: [25]"),
+        ("name: x\nno_sync: true", "no_sync", "for one value write no_sync: [true]"),
         ("name: x\nno_sync: [yes, 0]", "no_sync[1]", "true or false"),
         ("name: x\nmodes: [ddp, fsdp]", "modes[1]", "one of ddp, naive"),
         ("name: x\nplacement: CLOSE", "placement", "STRICT_SPREAD"),
@@ -72,7 +74,7 @@ def test_example_specs_are_valid_and_the_seed_spec_is_the_seed_experiment():
         ("name: t\ntopology: [1x0]", "topology[0]", "at most 65536 workers"),
         ("name: t\ntopology: [1x2, 1x2]", "topology", "without duplicates"),
         ("name: t\ntopology: []", "topology", "a non-empty list"),
-        ("name: t\ntopology: 1x2", "topology", "a non-empty list"),
+        ("name: t\ntopology: 1x2", "topology", "for one value write topology: [1x2]"),
     ],
 )
 def test_topology_errors_name_the_field(text, field, allowed):

@@ -65,9 +65,17 @@ def check_choice(path: str, v: Any, choices: tuple) -> None:
         raise fail(path, v, f"one of {', '.join(map(str, choices))}")
 
 
+def not_a_list(path: str, values: Any) -> SpecError:
+    """A list field given something else; one value alone gets the fix written out (`[25]`)."""
+    shown = str(values).lower() if isinstance(values, bool) else str(values)
+    if isinstance(values, str | int | float | bool) and len(shown) <= 40:
+        return fail(path, values, f"a non-empty list; for one value write {path}: [{shown}]")
+    return fail(path, values, "a non-empty list")
+
+
 def check_list(path: str, values: Any, kind: str | tuple) -> None:
     if not isinstance(values, list) or not values:
-        raise fail(path, values, "a non-empty list")
+        raise not_a_list(path, values)
     if len(values) > MAX_AXIS_VALUES:
         raise fail(path, f"{len(values)} values", f"at most {MAX_AXIS_VALUES} values")
     for i, v in enumerate(values):

@@ -23,6 +23,7 @@ from sweeps.spec.fields import (
     fail,
     is_int,
     is_num,
+    not_a_list,
     validate_env,
     validate_env_grid,
     validate_results,
@@ -98,7 +99,7 @@ def _validate_knobs(spec: SweepSpec) -> None:
     for knob in SPEC_AXES:
         values = getattr(spec, knob.name)
         if not isinstance(values, list) or not values:
-            raise fail(knob.name, values, "a non-empty list")
+            raise not_a_list(knob.name, values)
         if len(values) > MAX_AXIS_VALUES:
             raise fail(knob.name, f"{len(values)} values", f"at most {MAX_AXIS_VALUES} values")
         for i, v in enumerate(values):
