@@ -20,11 +20,11 @@ import pyarrow.compute as pc
 from results.analysis import cells as analysis
 from results.analysis import compare as compare_mod
 from results.analysis import history as history_mod
-from results.analysis import identity, recommend, scaling, stragglers
+from results.analysis import recommend, scaling, stragglers
 from results.model import predicted
 from results.render import plots, report
 from results.storage.cache import ANALYSIS_MAX_ROWS, CachedStore
-from results.values import text, with_intervals
+from results.values import with_intervals
 from service.clusterstate import ClusterState
 from sweeps.driver import machine
 
@@ -148,12 +148,8 @@ def scaling_context(rows: pd.DataFrame, calibration: pd.DataFrame) -> dict:
 def table_context(df: pd.DataFrame, columns: list[str], table_id: str) -> dict:
     """A table for the `table` macro: the named columns, and every knob that varies in `df` (two lines never
     look alike), each value as text."""
-    cols = [c for c in identity.with_varying(columns, df) if c in df.columns]
-    return {
-        "id": table_id,
-        "columns": cols,
-        "rows": [[text(v) for v in row] for row in df[cols].itertuples(index=False)],
-    }
+    cols, rows = report.text_table(df, columns)
+    return {"id": table_id, "columns": cols, "rows": rows}
 
 
 def sweep_page(cache: CachedStore, cluster: str, sweep: str) -> str:

@@ -89,6 +89,9 @@ def test_variables_the_harness_sets_are_not_the_configuration_a_row_records(monk
     assert network("127.0.0.1")["env"]["GLOO_SOCKET_IFNAME"] == "lo"
 
     monkeypatch.setattr(bind, "SET_BY_HARNESS", set())
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "")  # empty is unset, to gloo and to the bind
+    assert bind.bind_gloo("127.0.0.1") == "lo" and "GLOO_SOCKET_IFNAME" in bind.SET_BY_HARNESS
+    monkeypatch.setattr(bind, "SET_BY_HARNESS", set())
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ib0")  # a spec that names the interface: the configuration's
     assert bind.bind_gloo("127.0.0.1") == "ib0"
     assert json.loads(fingerprint.collect(torch.device("cpu"))["env"])["GLOO_SOCKET_IFNAME"] == "ib0"

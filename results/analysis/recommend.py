@@ -352,7 +352,7 @@ def to_json(recs: list[dict]) -> str:
 
 def _others_text(r: dict) -> str:
     """The configurations the intervals cannot tell from the best, the best itself left out."""
-    best = {k: v for k, v in r["best"].items() if k in r["indistinguishable"][0]} if r["indistinguishable"] else {}
+    best = {k: r["best"][k] for k in r["indistinguishable"][0]} if r["indistinguishable"] else {}
     others = [describe(c) for c in r["indistinguishable"] if c != best]
     if others:
         return "; ".join(others)

@@ -101,12 +101,15 @@ def write_pngs(
 
 
 def _table(df: pd.DataFrame, columns: list[str]) -> Table | None:
-    """The named columns that `df` has, and every knob that varies in it (results.analysis.identity.with_varying), each
-    value as text (None: no rows)."""
-    if df.empty:
-        return None
+    """`text_table` as the report's Table; None where there are no rows."""
+    return None if df.empty else Table(*text_table(df, columns))
+
+
+def text_table(df: pd.DataFrame, columns: list[str]) -> tuple[list[str], list[list[str]]]:
+    """The named columns `df` has and every knob that varies in it (two lines never look alike), and each row's
+    values as text (results.values.text): what the report's and the dashboard's tables show."""
     cols = [c for c in identity.with_varying(columns, df) if c in df.columns]
-    return Table(cols, [[text(v) for v in row] for row in df[cols].itertuples(index=False)])
+    return cols, [[text(v) for v in row] for row in df[cols].itertuples(index=False)]
 
 
 FIT_COLUMNS = ["cluster", "world_size", "num_nodes", "backend", "alpha_us", "beta_gbps", "max_rel_residual"]
@@ -178,8 +181,6 @@ def prediction_tables(prediction: dict) -> list[Section]:
     from results.model import predicted
 
     curves = predicted.accuracy_table(prediction)
-    listed = curves["indistinguishable_mb"].map(lambda bs: ", ".join(f"{b:g}" for b in bs))
-    curves = curves.assign(indistinguishable_mb=listed)
     cells = with_intervals(predicted.cell_view(prediction), ["step_ms"])
     return [
         Section("Predicted beside measured: each curve", _table(curves, predicted.ACCURACY_COLUMNS), [PREDICTION_NOTE]),
@@ -189,9 +190,6 @@ def prediction_tables(prediction: dict) -> list[Section]:
 
 def _sections(rows: pd.DataFrame, calibration: pd.DataFrame | None, prediction: dict | None = None) -> list[Section]:
     curve = analysis.u_curve(rows)
-    if not curve.empty:
-        listed = curve["indistinguishable_buckets_mb"].map(lambda bs: ", ".join(f"{b:g}" for b in bs))
-        curve = curve.assign(indistinguishable_buckets_mb=listed)
     curve = with_intervals(curve, ["best_step_ms", "best_efficiency", "overlap_saved_ms"])
     gain = with_intervals(analysis.no_sync_gain(rows), ["saved_ms"])
     cells = with_intervals(analysis.with_baseline(rows), ["step_ms", "efficiency", "exposed_comm_ms"])

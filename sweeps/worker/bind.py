@@ -19,8 +19,9 @@ SET_BY_HARNESS: set[str] = set()  # the variables this process's harness set (ne
 
 
 def harness_default(name: str, value: str) -> str:
-    """Set `name` unless the environment (the spec's `env`, the cluster's) already does; returns the value in force."""
-    if name not in os.environ:
+    """Set `name` unless the environment (the spec's `env`, the cluster's) already does (an empty value counts as
+    unset); returns the value in force."""
+    if not os.environ.get(name):
         os.environ[name] = value
         SET_BY_HARNESS.add(name)
     return os.environ[name]
