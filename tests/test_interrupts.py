@@ -4,6 +4,8 @@ of the driver's Ray left running."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -77,3 +79,26 @@ def test_after_an_interrupt_no_thread_left_behind_holds_the_exit(code, ends_at_o
     took = time.monotonic() - start
     assert done.returncode == code, done.stderr[-2000:]
     assert (took < 6) is ends_at_once, took  # the thread sleeps 8 s
+
+
+def test_a_sigterm_whose_exception_was_swallowed_still_ends_the_sweeps_loop(monkeypatch):
+    """Ray's C++ wait loop turns the handler's exception into a status; once a sweep ran to the end after a
+    SIGTERM and exited 0. The flag the handler sets ends Tune's loop at its next step."""
+    from sweeps.driver import session
+    from sweeps.driver.runner import RowWriter
+
+    monkeypatch.setattr(session, "_TERMINATED", [])
+    monkeypatch.setattr(session, "_SIGTERM_WANTED", [])
+    writer = RowWriter(None, None, None, [])
+    writer.on_step_begin(0, [])  # no signal: the loop goes on
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        session.raise_on_sigterm()
+        with contextlib.suppress(session.Terminated):  # swallowed on its way out, as in Ray's wait loop
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert session.terminated()
+    with pytest.raises(session.Terminated):
+        writer.on_step_begin(1, [])

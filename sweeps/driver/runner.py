@@ -22,7 +22,7 @@ from results.errors import StoreFull
 from results.storage import compaction
 from results.storage.store import Store
 from sweeps.driver import machine
-from sweeps.driver.session import ray_session
+from sweeps.driver.session import raise_if_terminated, ray_session
 from sweeps.plan import preflight
 from sweeps.plan.grid import Group
 from sweeps.plan.planner import SweepPlan, claimed
@@ -77,6 +77,9 @@ class RowWriter(tune.Callback):
         self._done.add(key)
         self.rows.append(row)
         self.progress(row)
+
+    def on_step_begin(self, iteration, trials, **info):
+        raise_if_terminated()  # a SIGTERM whose exception Ray or Tune swallowed ends the loop here
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         if "row" in result:
@@ -212,6 +215,7 @@ def _execute(plan: SweepPlan, address: str | None, verbose: bool, progress: Prog
             writer = RowWriter(plan.store, opts, progress, plan.groups())
             try:
                 _tuner(plan, opts, writer, verbose).fit()
+                raise_if_terminated()
             except Exception:
                 if writer.full is not None:
                     raise writer.full from None  # the store's own error, not Tune's long traceback around it

@@ -44,6 +44,13 @@ def terminated() -> bool:
     return bool(_TERMINATED)
 
 
+def raise_if_terminated() -> None:
+    """Raise Terminated if SIGTERM arrived: its handler's exception can be swallowed on the way out (Ray's
+    C++ wait loop turns it into a status; a sweep once ran to the end and exited 0 after a SIGTERM)."""
+    if _TERMINATED:
+        raise Terminated()
+
+
 def raise_on_sigterm() -> None:
     """Make SIGTERM raise Terminated in the main thread (Ray's driver installs its own handler, which dumps
     a C++ trace and exits 134: this one is installed again once Ray is up)."""
