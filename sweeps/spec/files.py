@@ -121,15 +121,27 @@ def yaml_problem(e: yaml.YAMLError) -> str:
     return " ".join(text.split())[:200]
 
 
+def _check_depth(text: str, source: str) -> None:
+    """Refuse nesting deeper than MAX_SPEC_DEPTH from the parser's events, before the composer recurses into it
+    (near Python's recursion limit, other code fails too: a finalizer that ran there raised RecursionError)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=StrictLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_SPEC_DEPTH:
+                raise SpecError(source, "nested too deeply", f"at most {MAX_SPEC_DEPTH} levels")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
 def parse_spec(text: str, source: str = "spec") -> SweepSpec:
     text = text.removeprefix("\ufeff")  # a byte-order mark some editors write is not part of the first key
     try:
+        _check_depth(text, source)
         node = yaml.compose(text, Loader=StrictLoader)
         if node is not None:
             _check_shape(node)
         data = yaml.load(text, Loader=StrictLoader)  # noqa: S506 — a SafeLoader subclass
     except yaml.YAMLError as e:
         raise SpecError(source, "unparseable YAML", f"valid YAML ({yaml_problem(e)})") from None
-    except RecursionError:
-        raise SpecError(source, "nested too deeply", f"at most {MAX_SPEC_DEPTH} levels") from None
     return spec_from_dict(data, source)
