@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from results.storage.store import LABEL_RULE, valid_label
@@ -73,13 +74,19 @@ def not_a_list(path: str, values: Any) -> SpecError:
     return fail(path, values, "a non-empty list")
 
 
-def check_list(path: str, values: Any, kind: str | tuple) -> None:
+def check_list(path: str, values: Any, kind: str | tuple | Callable[[Any], str | None]) -> None:
+    """A non-empty list without duplicates, of at most MAX_AXIS_VALUES values, each of `kind`: a scalar kind, a
+    tuple of choices, or a check that returns what is allowed where a value is refused (None: it is)."""
     if not isinstance(values, list) or not values:
         raise not_a_list(path, values)
     if len(values) > MAX_AXIS_VALUES:
         raise fail(path, f"{len(values)} values", f"at most {MAX_AXIS_VALUES} values")
     for i, v in enumerate(values):
-        if isinstance(kind, tuple):
+        if callable(kind):
+            allowed = kind(v)
+            if allowed is not None:
+                raise fail(f"{path}[{i}]", v, allowed)
+        elif isinstance(kind, tuple):
             check_choice(f"{path}[{i}]", v, kind)
         else:
             check_scalar(f"{path}[{i}]", v, kind)

@@ -4,6 +4,7 @@ runs `validate`; the rules of single fields are in `sweeps.spec.fields`."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING
 
@@ -11,7 +12,6 @@ from sweeps.spec.fields import (
     BF16_ON_CPU,
     ISOLATIONS,
     LISTS,
-    MAX_AXIS_VALUES,
     MAX_MEASUREMENTS,
     PLACEMENTS,
     RANGES,
@@ -23,7 +23,6 @@ from sweeps.spec.fields import (
     fail,
     is_int,
     is_num,
-    not_a_list,
     validate_env,
     validate_env_grid,
     validate_results,
@@ -97,17 +96,7 @@ def _validate_knobs(spec: SweepSpec) -> None:
         if allowed is not None:
             raise fail(knob.name, getattr(spec, knob.name), allowed)
     for knob in SPEC_AXES:
-        values = getattr(spec, knob.name)
-        if not isinstance(values, list) or not values:
-            raise not_a_list(knob.name, values)
-        if len(values) > MAX_AXIS_VALUES:
-            raise fail(knob.name, f"{len(values)} values", f"at most {MAX_AXIS_VALUES} values")
-        for i, v in enumerate(values):
-            allowed = check(knob, v)
-            if allowed is not None:
-                raise fail(f"{knob.name}[{i}]", v, allowed)
-        if len(set(values)) != len(values):
-            raise fail(knob.name, values, "a list without duplicates")
+        check_list(knob.name, getattr(spec, knob.name), functools.partial(check, knob))
 
 
 def validate(spec: SweepSpec) -> None:
