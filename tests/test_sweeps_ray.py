@@ -254,20 +254,22 @@ def test_a_race_drops_planted_slow_cells_and_auto_rounds_stop_once_resolved(faul
 
 def test_one_worker_group_measures_every_placement_on_its_own_ranks(fault_file, tmp_path, monkeypatch):
     """Each cell on its own ranks of one group; with a straggler planted on rank 1 (DDPSWEEP_SLOWDOWN=*@1=3), the
-    2-rank cell's row names that rank's host, local rank and device, and the summary names it."""
+    2-rank cell's rows name that rank's host, local rank and device, and the summary names it (3 rounds: fewer
+    measurements of a device name none)."""
     from results.analysis.stragglers import summary_lines
     from sweeps.trial.options import SLOWDOWN_ENV
 
     fault_file.write_text("")
     monkeypatch.setenv(SLOWDOWN_ENV, "*@1=3")  # 4x: a planted 2x once read 1.48x [1.07, 2.04] under CI's load
-    text = spec_text(buckets="[25]", isolation="sweep").replace("workers: [2]", "workers: [1, 2]")
+    text = spec_text(buckets="[25]", repeats=3).replace("workers: [2]", "workers: [1, 2]")
     text = text.replace("timed_steps: 3", "timed_steps: 10")  # 3 steps once left a planted 2x inside the noise
     plan = plan_sweep(parse_spec(text), results=str(tmp_path))
     (group,) = plan.groups()  # baselines, 1x1 and 1x2 DDP: one worker group of two ranks
-    assert group.first.world_size == 2 and len(group.slots) == 3
-    rows = execute(plan).rows
-    assert len(rows) == 3 and all(r["status"] == "ok" and r["replicas_in_sync"] for r in rows), rows
-    assert {r["host_world_size"] for r in rows} == {2} and len({r["group_id"] for r in rows}) == 1
+    assert group.first.world_size == 2 and len(group.slots) == 9  # 3 rounds
+    every = execute(plan).rows
+    assert len(every) == 9 and all(r["status"] == "ok" and r["replicas_in_sync"] for r in every), every
+    assert {r["host_world_size"] for r in every} == {2} and len({r["group_id"] for r in every}) == 1
+    rows = [r for r in every if r["round"] == 0]
     by_mode = {(r["mode"], r["world_size"]): r for r in rows}
     assert by_mode[("single", 1)]["ranks"] == [0] and by_mode[("single", 1)]["backend"] == "none"
     assert by_mode[("ddp", 1)]["ranks"] == [0] and by_mode[("ddp", 2)]["ranks"] == [0, 1]
@@ -276,7 +278,7 @@ def test_one_worker_group_measures_every_placement_on_its_own_ranks(fault_file, 
     assert two["rank_local_ranks"] == [0, 1] and len(set(two["rank_hosts"])) == 1
     assert all(d.startswith("cpu:") for d in two["rank_devices"]) and len(two["rank_compute_ms"]) == 2
     assert (two["injected_slowdown"], two["injected_slowdown_rank"]) == (3.0, 1)
-    assert all(r.get("injected_slowdown_rank") is None for r in rows if r["world_size"] == 1)
+    assert all(r.get("injected_slowdown_rank") is None for r in every if r["world_size"] == 1)
     (said,) = summary_lines(load(str(tmp_path)))
     assert said.startswith(f"straggler: {two['rank_hosts'][1]} local rank 1 (cpu:") and "[planted" in said
     assert (

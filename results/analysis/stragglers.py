@@ -7,9 +7,12 @@ ratios; a device's figures over every row of a sweep that it measured (every cel
 their geometric mean with a t interval on the log scale.
 
 A device is a straggler when that interval lies wholly above 1 + MIN_REL: slower than its peers beyond the noise
-of its own measurements, and by at least what a user would act on. Ranks that share a node's cores measure apart
-without any fault, and steadily through a sweep (benchmarks/straggler_check.py, A/A: one rank of one sweep at
-1.087x [1.03, 1.15] with no plant); MIN_REL keeps that from being named. What a straggler costs the step is the
+of its own measurements, and by at least what a user would act on. It takes MIN_ROWS measurements of the device:
+one measurement's probes share its moment, so a transient (another process on that rank's core for a second)
+reads as a steady excess (A/A, one measurement of a 2-rank tiny cell: 1.47x [1.15, 1.88] over its probes).
+Ranks that share a node's cores measure apart without any fault, and steadily through a sweep
+(benchmarks/straggler_check.py, A/A: one rank of one sweep at 1.087x [1.03, 1.15] with no plant); MIN_REL keeps
+that from being named. What a straggler costs the step is the
 others' wait beyond its own: they wait out its slower backward at every step.
 """
 
@@ -29,7 +32,9 @@ by up to 9% through one sweep with no fault."""
 DEVICE = ["sweep_id", "cluster", "host", "device", "local_rank"]
 RESULT = ["rows", "compute_ms", "others_ms", "ratio", "ratio_lo", "ratio_hi", "cost_ms", "cost_rel", "planted"]
 RESULT += ["straggler"]
-MIN_ROWS = 3  # fewer measurements of a device: its interval is over their probes
+MIN_ROWS = 3
+"""The fewest measurements of a device that can name it: below, its interval is over the probes, shown, never a
+verdict."""
 
 
 LINE = [*DEVICE, "step_ms", "compute_ms", "others_ms", "log_ratio", "probe_logs", "cost_ms", "plant"]
@@ -88,7 +93,8 @@ def _interval(logs: np.ndarray) -> tuple[float, float, float]:
 
 def _device(lines: pd.DataFrame) -> pd.Series:
     """A device's figures. The interval is over its measurements (rows: a cell's probes share its state); with
-    fewer than MIN_ROWS rows, over the probes themselves, each paired with its peers' at the same moment."""
+    fewer than MIN_ROWS rows, over the probes themselves, each paired with its peers' at the same moment, and
+    then it names no straggler."""
     logs = lines["log_ratio"].to_numpy(float)
     if len(logs) < MIN_ROWS:
         logs = np.concatenate([np.asarray(p, dtype=float) for p in lines["probe_logs"]])
@@ -98,7 +104,8 @@ def _device(lines: pd.DataFrame) -> pd.Series:
     figures |= {"others_ms": float(lines["others_ms"].median())}
     figures |= {"ratio": math.exp(mean), "ratio_lo": math.exp(lo), "ratio_hi": math.exp(hi), "cost_ms": cost}
     figures |= {"cost_rel": cost / step if step > 0 else math.nan, "planted": bool(lines["plant"].any())}
-    return pd.Series(figures | {"straggler": bool(math.exp(lo) > 1 + MIN_REL)})
+    enough = len(lines) >= MIN_ROWS
+    return pd.Series(figures | {"straggler": enough and bool(math.exp(lo) > 1 + MIN_REL)})
 
 
 def named(line: pd.Series) -> str:
@@ -119,10 +126,14 @@ def summary_lines(rows: pd.DataFrame) -> list[str]:
         return []
     found = table[table["straggler"]]
     if found.empty:
-        most = table.iloc[0]
-        return [
-            f"stragglers: none beyond the noise ({len(table)} device(s), {int(table['rows'].sum())} rank "
-            f"measurements; the slowest {most['ratio']:.2f}x its peers [{most['ratio_lo']:.2f}, "
-            f"{most['ratio_hi']:.2f}], named from {1 + MIN_REL:.2f}x)"
-        ]
+        most, few = table.iloc[0], int((table["rows"] < MIN_ROWS).sum())
+        counted = f"{len(table)} device(s), {int(table['rows'].sum())} rank measurements"
+        slowest = f"the slowest {most['ratio']:.2f}x its peers [{most['ratio_lo']:.2f}, {most['ratio_hi']:.2f}]"
+        if few == len(table):
+            return [
+                f"stragglers: none named: every device was measured fewer than {MIN_ROWS} times ({counted}; "
+                f"{slowest} over its probes; repeats: {MIN_ROWS} or more can name one)"
+            ]
+        unjudged = f"; {few} device(s) measured fewer than {MIN_ROWS} times not judged" if few else ""
+        return [f"stragglers: none beyond the noise ({counted}; {slowest}, named from {1 + MIN_REL:.2f}x{unjudged})"]
     return [f"straggler: {named(line)}" for _, line in found.iterrows()]
