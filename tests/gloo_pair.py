@@ -35,6 +35,7 @@ def main(rank: int, node_ip: str, store: str, how: str) -> None:
         print("sum", float(x[0]), flush=True)
     except Exception as e:  # noqa: BLE001 — printed for the test to read
         print("error", type(e).__name__, str(e).splitlines()[0][:300], flush=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
