@@ -164,3 +164,14 @@ def test_the_deadline_mid_stream_is_a_400_and_the_server_answers_next(client, mo
     assert late.json()["error"]["message"] == "query exceeded the time limit of 3 s"
     after = client.post("/query", json={"sql": "select count(*) as n from cells"}, headers=AUTH)
     assert after.status_code == 200 and after.json() == [{"n": 8}]
+
+
+def test_a_view_that_does_not_exist_is_named_with_the_views_there_are(client, seed_store):
+    """DuckDB suggested a system catalog ('Did you mean "pg_enum"?') for the name a user guessed."""
+    from results.sql.views import VIEWS
+
+    answer = client.post("/query", json={"sql": "select * from measurements"}, headers=AUTH)
+    said = f"no view named 'measurements'; the views: {', '.join(VIEWS)}"
+    assert answer.status_code == 400 and answer.json()["error"]["message"] == said, answer.text[:300]
+    cli = cli_query("select c.cell_id from cells c join runs r using (cell_id)", "--results", seed_store)
+    assert cli.returncode == 2 and cli.stderr.strip() == f"error: no view named 'runs'; the views: {', '.join(VIEWS)}"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import threading
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,7 @@ import pyarrow as pa
 
 from results.errors import QueryError, StoreNotFound
 from results.sql import isolation
+from results.sql.views import VIEWS
 from results.storage import reader
 from results.storage.schema import SCHEMA
 from results.storage.store import Store
@@ -184,6 +186,14 @@ def check_read_only(sql: str) -> None:
             raise QueryError(f"refused: {st.type.name} statements are not allowed; queries are read-only SELECTs")
 
 
+def _no_such_view(message: str) -> str | None:
+    """DuckDB's "Table with name X does not exist! Did you mean "pg_enum"?" as the views there are, or None."""
+    found = re.search(r"Table with name (\S+) does not exist", message)
+    if found is None:
+        return None
+    return f"no view named {found.group(1)!r}; the views: {', '.join(VIEWS)}"
+
+
 def scrub(message: str, *extra: str) -> str:
     """An error message without the server's paths (working directory, home, and any `extra`)."""
     paths = [p for p in (*extra, os.getcwd(), os.path.expanduser("~")) if p and p != "/"]
@@ -254,6 +264,8 @@ def query_arrow(
     con = sandboxed(frames)
     try:
         return run_limited(con, sql, timeout_s, max_rows, max_bytes)
+    except duckdb.CatalogException as e:
+        raise QueryError(_no_such_view(str(e)) or scrub(str(e), root)) from None
     except duckdb.Error as e:
         raise QueryError(scrub(str(e), root)) from None
     except MemoryError:
