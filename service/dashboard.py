@@ -199,7 +199,12 @@ def ranks_context(rows: pd.DataFrame) -> dict | None:
     if table.empty:
         return None
     named = [stragglers.named(line) for _, line in table[table["straggler"]].iterrows()]
-    return {"named": named, "table": table_context(table, RANK_COLUMNS, "ranks"), "min_rel": stragglers.MIN_REL}
+    return {
+        "named": named,
+        "table": table_context(table, RANK_COLUMNS, "ranks"),
+        "min_rel": stragglers.MIN_REL,
+        "min_rows": stragglers.MIN_ROWS,
+    }
 
 
 def prediction(cache: CachedStore, rows: pd.DataFrame, cluster: str) -> dict[str, pd.DataFrame] | None:

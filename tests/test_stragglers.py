@@ -197,6 +197,7 @@ def test_the_dashboards_sweep_page_names_the_straggler(straggler_store):
     client = TestClient(create_app(ServiceSettings(address=None, results=straggler_store, token="t")))
     page = client.get("/ui/sweep/pcie-8x/seed").text
     assert "<h2>Ranks</h2>" in page and "<li>straggler: node-b local rank 1 (0000:1c:00.0): compute 1." in page
+    assert "wholly above 1.10x, over at least\n3 measurements of the device" in page
     table = page[page.index("id='ranks'") :]
     assert table.count("<tr>") == 9  # a header and the 8 devices
 
