@@ -27,7 +27,13 @@ SPECS = ROOT / "sweeps" / "specs"
 @pytest.mark.parametrize(
     ("text", "field", "allowed"),
     [
-        ("name: x\nbucket_caps: [1]", "bucket_caps", "a known field"),
+        ("name: x\nbucket_caps: [1]", "bucket_caps", "a known field (did you mean bucket_cap_mb?): backend, "),
+        ("name: x\nbuckets: [1]", "buckets", "a known field (did you mean bucket_cap_mb?)"),
+        ("name: x\ngradient_accumulation_steps: [4]", "gradient_accumulation_steps", "(did you mean gas?)"),
+        ("name: x\nworld_size: [8]", "world_size", "(did you mean workers?)"),
+        ("name: x\nblock_size: 1024", "block_size", "(did you mean seq_len?)"),
+        ("name: x\nno-sync: [true]", "no-sync", "(did you mean no_sync?)"),
+        ("name: x\nflavour: 2", "flavour", "allowed: a known field: backend, "),
         ("name: x\nbucket_cap_mb: [25, -1]", "bucket_cap_mb[1]", "a number in [0.001, 100000]"),
         ("name: x\ngas: []", "gas", "a non-empty list"),
         ("name: x\nworkers: 2", "workers", "a non-empty list; for one value write workers: [2]"),

@@ -6,6 +6,7 @@ are in `sweeps.spec.fields`, the checks across fields in `sweeps.spec.rules`; bo
 
 from __future__ import annotations
 
+import difflib
 import secrets
 from dataclasses import dataclass, field, fields, make_dataclass
 from datetime import UTC, datetime
@@ -214,6 +215,28 @@ def new_sweep_id(name: str) -> str:
     return f"{name[:40]}-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
 
 
+MEANT = {  # names users bring from torchrun, Hugging Face and nanoGPT configs, and this spec's field for each
+    "bucket_cap_mb": ("buckets", "bucket_size", "bucket_mb", "bucket_cap"),
+    "comm_hook": ("hook", "hooks", "ddp_comm_hook"),
+    "gas": ("gradient_accumulation_steps", "grad_accum", "grad_accum_steps", "accumulation_steps"),
+    "workers": ("world_size", "num_workers", "nproc_per_node", "gpus", "num_gpus"),
+    "nodes": ("nnodes", "num_nodes"),
+    "micro_batch": ("batch_size", "per_device_train_batch_size", "micro_batch_size"),
+    "seq_len": ("block_size", "max_seq_len", "seq_length", "sequence_length"),
+    "warmup_steps": ("warmup", "warmup_iters"),
+    "timed_steps": ("steps", "iters", "max_iters"),
+}
+
+
+def _meant(key: str, known: set[str]) -> str | None:
+    """The field an unknown key most likely stands for: a name from another tool's config, or a close spelling."""
+    for field_name, names in MEANT.items():
+        if key.lower().replace("-", "_") in names:
+            return field_name
+    close = difflib.get_close_matches(key.replace("-", "_"), sorted(known), n=1, cutoff=0.7)
+    return close[0] if close else None
+
+
 def spec_from_dict(data: Any, source: str = "spec") -> SweepSpec:
     """Build a SweepSpec from parsed YAML/JSON, rejecting unknown keys."""
     if not isinstance(data, dict):
@@ -221,7 +244,9 @@ def spec_from_dict(data: Any, source: str = "spec") -> SweepSpec:
     known = {f.name for f in fields(SweepSpec)}
     for key in data:
         if key not in known:
-            raise SpecError(str(key), data[key], f"a known field: {', '.join(sorted(known))}")
+            guess = _meant(str(key), known)
+            hint = f" (did you mean {guess}?)" if guess else ""
+            raise SpecError(str(key), data[key], f"a known field{hint}: {', '.join(sorted(known))}")
     if "name" not in data:
         raise SpecError("name", None, "a label naming the sweep (required)")
     if "workload" in data and ("model" in data or "seq_len" in data):
