@@ -12,8 +12,8 @@ one measurement's probes share its moment, so a transient (another process on th
 reads as a steady excess (A/A, one measurement of a 2-rank tiny cell: 1.47x [1.15, 1.88] over its probes).
 Ranks that share a node's cores measure apart without any fault, and steadily through a sweep
 (benchmarks/straggler_check.py, A/A: one rank of one sweep at 1.087x [1.03, 1.15] with no plant); MIN_REL keeps
-that from being named. What a straggler costs the step is the
-others' wait beyond its own: they wait out its slower backward at every step.
+that from being named. What a straggler costs the step is the others' wait beyond its own: they wait out its
+slower backward at every step.
 """
 
 from __future__ import annotations
@@ -120,7 +120,8 @@ def named(line: pd.Series) -> str:
 
 def summary_lines(rows: pd.DataFrame) -> list[str]:
     """What a summary says of stragglers: each one named, or that none is beyond the noise (with how many
-    devices and measurements); nothing where the rows carry no per-rank figures."""
+    devices and measurements, and how many were measured too few times to judge), or that none could be named
+    (every device measured fewer than MIN_ROWS times); nothing where the rows carry no per-rank figures."""
     table = stragglers(rows)
     if table.empty:
         return []
