@@ -38,15 +38,13 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) \
 	  >/dev/null 2>&1; } || echo "chromium not installed: the browser tests will skip"
 
-# Everything: the tests that start no Ray, server rig or browser on two processes (pytest-xdist; the slow ones
-# among them too), then those that do one at a time (they measure, and two sweeps on one machine would measure
-# each other). `make check` is the first part less the slow tests.
-ALONE := not ray and not netns and not browser and not s3
-FAST  := $(ALONE) and not slow
+# Everything: the fast tier on two processes (pytest-xdist), then the tiers that start Ray, a server rig or a
+# browser one at a time (they measure, and two sweeps on one machine would measure each other).
+FAST := not ray and not slow and not netns and not browser and not s3
 
 test: $(STAMP) browser
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n 2 -m "$(ALONE)"
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -m "not ($(ALONE))"
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n 2 -m "$(FAST)"
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -m "not ($(FAST))"
 
 check: $(STAMP) lint
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n 2 -m "$(FAST)"
