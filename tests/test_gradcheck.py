@@ -275,8 +275,12 @@ def test_compressing_configurations_carry_their_error_into_recommend():
     assert n["grad_rel_error"] == pytest.approx(3.015e-4) and n["grad_rel_error_range"] == [3.0e-4, 3.03e-4]
     assert "gradient error 3.0e-04 [3.0e-04, 3.0e-04] over 4 checks" in rec["verdict"]
     assert "approximate (a compressing hook)" in recommend.to_text([rec])
-    (one,) = recommend.recommend(pd.DataFrame([r for r in rows if r["repeat"] == 0]))
+    first_only = [r if r["repeat"] == 0 else r | {"grad_check": None, "grad_rel_error": None} for r in rows]
+    (one,) = recommend.recommend(pd.DataFrame(first_only))  # grad_check: first, the default
     assert "gradient error 3.0e-04, one check" in one["verdict"]  # one check has no range to show
+    (once,) = recommend.recommend(pd.DataFrame([r for r in rows if r["repeat"] == 0]))
+    assert once["verdict"].startswith("1 round is too few to tell configurations apart")
+    assert once["recommended"]["comm_hook"] == "none"  # the defaults stay
 
 
 def test_the_sweep_page_and_the_report_show_a_failed_configuration_with_its_error(tmp_path):

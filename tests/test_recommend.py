@@ -99,6 +99,39 @@ def test_two_rounds_say_how_many_to_run_instead_of_a_degenerate_interval(tmp_pat
     assert "%]" not in to_text(recs)
 
 
+def test_one_round_tells_no_configuration_apart(tmp_path):
+    """One round: each interval is over one run's steps (1% here), which leaves out how runs differ; an A/A of one
+    configuration in two worker groups read 33.9 [30.8, 35.9] against 41.5 [38.8, 44.4] ms. The seed's curves
+    differ by far more than 1%, and still nothing is told apart: not the best, not a bucket, not a gain."""
+    from results.analysis.cells import u_curve
+    from results.storage.store import load
+
+    store = Store.open(str(tmp_path))
+    for r in noisy(seed_rows(), cv=0.01, repeats=1):
+        store.write_row(r)
+    rows = load(str(tmp_path))
+    recs = recommend(rows)
+    assert recs and all(r["n_repeats"] == 1 for r in recs)
+    for rec in recs:
+        assert rec["verdict"].startswith("1 round is too few to tell configurations apart"), rec["verdict"]
+        assert rec["recommended"] == {k: rec["default"][k] for k in rec["recommended"]}
+        assert len(rec["indistinguishable"]) == rec["cells"] > 1  # every one: none is told apart
+    curves = u_curve(rows)
+    assert curves["min_resolvable_rel"].isna().all()
+    assert [len(b) for b in curves["indistinguishable_buckets_mb"]] == list(curves["buckets"])
+    with_three = u_curve(load(seed_store_at(tmp_path / "three", repeats=3)))
+    assert with_three["min_resolvable_rel"].notna().any()  # three rounds resolve the U-curve
+    same = with_three["indistinguishable_buckets_mb"]
+    assert any(len(i) < n for i, n in zip(same, with_three["buckets"], strict=True))
+
+
+def seed_store_at(path: Path, repeats: int) -> str:
+    store = Store.open(str(path))
+    for r in noisy(seed_rows(), cv=0.01, repeats=repeats):
+        store.write_row(r)
+    return str(path)
+
+
 def test_the_snippet_gives_device_ids_on_cuda_only_and_quotes_values():
     from results.analysis.paste import snippet
 

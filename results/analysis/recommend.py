@@ -108,7 +108,7 @@ def _curve(curve: dict, grp: pd.DataFrame, env: dict[str, str]) -> dict:
     }
     out |= _gain(best, default) | _resolution(grp, best) | _compiled_defaults(grp, best)
     verdict = _exact_unless_separated(_verdict(out, best, default), out, grp, best)
-    if default is not None and 1 < out["n_repeats"] < MIN_ROUNDS:
+    if default is not None and out["n_repeats"] < MIN_ROUNDS:
         verdict = _too_few_rounds(out, best, default)
     out["verdict"], out["recommended"] = verdict.text, verdict.recommended
     out["changes_numerics"] = out["recommended"]["comm_hook"] != "none"
@@ -134,10 +134,11 @@ def _compiled_defaults(grp: pd.DataFrame, best: pd.Series) -> dict:
 
 
 def _too_few_rounds(out: dict, best: pd.Series, default: pd.Series) -> Verdict:
-    """Two rounds: the interval between rounds means nothing yet; say how many to run, print no interval."""
+    """One or two rounds: the interval between rounds means nothing yet; say how many to run, print no interval."""
     out.update(gain_ci_lo=None, gain_ci_hi=None, min_resolvable_rel=None, rounds_for_target=None)
+    rounds = "1 round is" if out["n_repeats"] == 1 else f"{out['n_repeats']} rounds are"
     text = (
-        f"{out['n_repeats']} rounds are too few to tell configurations apart (an interval between rounds needs "
+        f"{rounds} too few to tell configurations apart (an interval between rounds needs "
         f"at least {MIN_ROUNDS}): run repeats: {MIN_ROUNDS} or more; the defaults stay until then "
         f"(best measured so far: {describe(_config(best))})"
     )

@@ -217,7 +217,10 @@ def _noise_lines(cells: pd.DataFrame) -> list[str]:
     wide = cells[[w > WIDE_REL for w in width]]
     out = []
     if (cells["n_repeats"] < 2).any():
-        out.append("note: cells with one repeat have intervals from their steps only (no between-run noise)")
+        out.append(
+            "note: cells measured in one round have intervals over one run's steps, which leave out how runs "
+            "differ: one round tells no configuration apart (repeats: 3 or more can)"
+        )
     if wide.empty:
         return out
     names = ", ".join(_cell(r) for r in wide.itertuples())
