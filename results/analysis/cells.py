@@ -283,7 +283,7 @@ def same_as(r: pd.Series, best: pd.Series) -> bool:
     replicate (paired by round within a worker group), contains 1 (or is unknown: one number each). Either
     measured in one round only: never told apart. Its interval is over one run's steps and leaves out how runs
     differ (A/A: one configuration in two worker groups read 33.9 [30.8, 35.9] and 41.5 [38.8, 44.4] ms)."""
-    if r.name != best.name and min(r.get("n_repeats", 2), best.get("n_repeats", 2)) < 2:
+    if r.name != best.name and min(r["n_repeats"], best["n_repeats"]) < 2:
         return True
     lo, hi = interval(np.asarray(r["step_ms_reps"], dtype=float) / np.asarray(best["step_ms_reps"], dtype=float))
     return bool(lo <= 1 <= hi) if np.isfinite(lo) else r.name == best.name

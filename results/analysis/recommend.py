@@ -224,11 +224,11 @@ def _verdict(out: dict, best: pd.Series, default: pd.Series | None) -> Verdict:
     cfg, g = _config(best), out
     if default is None:
         return Verdict(f"best measured: {describe(cfg)}; the sweep has no default cell to compare it with", cfg)
-    exact = out["default_note"].startswith("PyTorch")  # else the cell closest to them (another grad view, say)
-    keep = "keep the defaults" if exact else f"keep the cell closest to them ({describe(_config(default))})"
-    if _config(default) == cfg and exact:
+    closest, exact = _config(default), out["default_note"].startswith("PyTorch")  # else another grad view, say
+    keep = "keep the defaults" if exact else f"keep the cell closest to them ({describe(closest)})"
+    if closest == cfg and exact:
         return Verdict("PyTorch's defaults are the best measured configuration: keep the defaults", cfg)
-    if _config(default) == cfg:
+    if closest == cfg:
         text = f"the cell closest to PyTorch's defaults ({describe(cfg)}) is the best measured configuration: keep it"
         return Verdict(text, cfg)
     if g["gain_ci_lo"] is None or not g["gain_ci_lo"] > 0:
@@ -241,7 +241,7 @@ def _verdict(out: dict, best: pd.Series, default: pd.Series | None) -> Verdict:
             f"The intervals cannot separate the best configuration ({describe(cfg)}) from the defaults{shown}: "
             f"{keep}, or measure more rounds{_more_rounds(out)}"
         )
-        return Verdict(text, _config(default))
+        return Verdict(text, closest)
     return Verdict(f"use {describe(cfg)}: {_gain_text(g)} throughput over the defaults", cfg)
 
 

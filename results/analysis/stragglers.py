@@ -95,8 +95,8 @@ def _device(lines: pd.DataFrame) -> pd.Series:
     """A device's figures. The interval is over its measurements (rows: a cell's probes share its state); with
     fewer than MIN_ROWS rows, over the probes themselves, each paired with its peers' at the same moment, and
     then it names no straggler."""
-    logs = lines["log_ratio"].to_numpy(float)
-    if len(logs) < MIN_ROWS:
+    logs, enough = lines["log_ratio"].to_numpy(float), len(lines) >= MIN_ROWS
+    if not enough:
         logs = np.concatenate([np.asarray(p, dtype=float) for p in lines["probe_logs"]])
     mean, lo, hi = _interval(logs)
     step, cost = float(lines["step_ms"].median()), float(lines["cost_ms"].median())
@@ -104,7 +104,6 @@ def _device(lines: pd.DataFrame) -> pd.Series:
     figures |= {"others_ms": float(lines["others_ms"].median())}
     figures |= {"ratio": math.exp(mean), "ratio_lo": math.exp(lo), "ratio_hi": math.exp(hi), "cost_ms": cost}
     figures |= {"cost_rel": cost / step if step > 0 else math.nan, "planted": bool(lines["plant"].any())}
-    enough = len(lines) >= MIN_ROWS
     return pd.Series(figures | {"straggler": enough and bool(math.exp(lo) > 1 + MIN_REL)})
 
 

@@ -230,10 +230,11 @@ MEANT = {  # names users bring from torchrun, Hugging Face and nanoGPT configs, 
 
 def _meant(key: str, known: set[str]) -> str | None:
     """The field an unknown key most likely stands for: a name from another tool's config, or a close spelling."""
+    key = key.lower().replace("-", "_")
     for field_name, names in MEANT.items():
-        if key.lower().replace("-", "_") in names:
+        if key in names:
             return field_name
-    close = difflib.get_close_matches(key.replace("-", "_"), sorted(known), n=1, cutoff=0.7)
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.7)
     return close[0] if close else None
 
 
