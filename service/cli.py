@@ -245,7 +245,10 @@ def calibrate(
         if not plan.shapes():
             raise ConfigError("workers", plan.spec.workers, "a spec with at least one multi-rank worker group")
         echo(f"calibration {plan.sweep_id}: {len(plan.shapes())} worker group(s) -> {plan.store.uri}")
-        runner.execute(plan, address=address, verbose=verbose)
+        outcome = runner.execute(plan, address=address, verbose=verbose)
+        missing = _not_calibrated(len(plan.shapes()), outcome)
+        if missing and not outcome.calibrations:
+            raise fail(missing, code=1)
         fits = costmodel.summary(load_calibration(plan.store.uri, plan.cluster, plan.sweep_id))
     except KeyboardInterrupt:
         echo("\ninterrupted: calibration stopped; groups already calibrated are kept (run it again)", err=True)
@@ -257,6 +260,17 @@ def calibrate(
             f"max residual {f.max_rel_residual:.0%} (uses the {f.uses}); {costmodel.describe_terms(f)}"
         )
     echo(f"\nrows: ddpsweep query \"select * from calibration where sweep_id = '{plan.sweep_id}'\"")
+    if missing:
+        raise fail(missing, code=1)
+
+
+def _not_calibrated(groups: int, outcome) -> str | None:
+    """What `calibrate` says of the groups that wrote no calibration (their trial died), or None."""
+    missing = groups - outcome.calibrations
+    if missing <= 0:
+        return None
+    why = outcome.failures[0].splitlines()[0] if outcome.failures else "trial ended without a calibration"
+    return f"{missing} of {groups} worker group(s) not calibrated: {why}"
 
 
 @app.command()

@@ -166,6 +166,20 @@ def test_calibrate_measures_the_specs_worker_groups_and_the_report_shows_the_fit
     assert not Store.open(str(tmp_path)).files()  # calibration only: no cell rows
 
 
+@pytest.mark.ray
+def test_a_calibration_whose_trial_never_starts_exits_1_and_says_why(tmp_path, shared_head):
+    """A driver whose environment asks for token auth of a cluster without it (as `ray.init` leaves
+    RAY_AUTH_MODE behind): Ray joins, but the trial is cancelled before it starts. calibrate said nothing of it
+    and exited 0."""
+    env = os.environ | {"RAY_AUTH_MODE": "token"}
+    proc = ddpsweep("calibrate", str(SMOKE), "--results", str(tmp_path), *shared_head, env=env)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: 1 of 1 worker group(s) not calibrated: trial died: "), err[-2000:]
+    assert "Failure # 1" not in last and "rows:" not in out  # Tune's header is not the reason; no rows to query
+
+
 @pytest.mark.parametrize(
     ("text", "field"),
     [

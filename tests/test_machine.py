@@ -58,6 +58,13 @@ def test_a_worker_env_that_segfaults_every_worker_is_named_in_the_rows(tmp_path,
     assert set(rows["env"]) == {'{"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}'}
     assert all("died of SIGSEGV" in e and "wrap_ddp" in e for e in rows["error"]), rows["error"].iloc[0][:2000]
 
+    # calibrate builds DDP too (the per-bucket term): its group fails, and no row is there to say so
+    cmd[3] = "calibrate"
+    cal = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
+    assert cal.returncode == 1, cal.stderr[-3000:]
+    last = cal.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: 1 of 1 worker group(s) not calibrated: worker group failed: "), last
+
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -5,6 +5,7 @@ virtual-node run here would: the spread test is skipped there (a cluster and two
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import ray
@@ -38,10 +39,13 @@ def two_nodes():
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     for _ in range(2):
         cluster.add_node(num_cpus=1)
+    saved = dict(os.environ)
     ray.init(address=cluster.address, log_to_driver=False)
     yield cluster
     ray.shutdown()
     cluster.shutdown()
+    os.environ.clear()  # as tests/test_sweeps_ray.py's fixture: nothing of this Ray's reaches later tests
+    os.environ.update(saved)
 
 
 @pytest.mark.skipif(

@@ -44,6 +44,7 @@ class SweepOutcome:
     results: str
     rows: list[dict] = field(default_factory=list)
     calibrations: int = 0  # groups whose calibration was written
+    failures: list[str] = field(default_factory=list)  # why each trial that died did (its group's error rows)
 
 
 def _decode_row(text: str | dict) -> dict:
@@ -62,6 +63,7 @@ class RowWriter(tune.Callback):
         self.store, self.options, self.progress, self.groups = store, options, progress, groups
         self.rows: list[dict] = []
         self.calibrations = 0
+        self.failures: list[str] = []
         self.full: StoreFull | None = None
         self._done: set[tuple[str, int]] = set()
 
@@ -88,22 +90,30 @@ class RowWriter(tune.Callback):
             rows = [_decode_row(r) for r in json.loads(result["calibration"])]
             self.store.write_calibration(rows)
             self.calibrations += 1
+        if "failure" in result:
+            self.failures.append(result["failure"])
 
     def on_trial_error(self, iteration, trials, trial, **info):
         group = self.groups[trial.config["group"]]
         ctx = row_context(group, self.options, now())
-        message = f"trial died: {trial.error_file and _tail(trial.error_file) or 'unknown error'}"
+        message = trial_error(trial.error_file)
+        self.failures.append(message)
         for slot in group.slots:
             if (slot.cell.cell_id, slot.repeat) not in self._done:
                 self._write(build_row(slot, ctx, started=now(), wall_s=0.0, error=message))
 
 
-def _tail(path: str, chars: int = 2000) -> str:
+def trial_error(path: str | None, chars: int = 2000) -> str:
+    """`trial died: <the error's last line>`, then the end of Tune's error file (without its `Failure # 1
+    (occurred at …)` header): the first line is what a progress line shows."""
     try:
-        with open(path) as f:
-            return f.read()[-chars:]
+        with open(path or "") as f:
+            text = f.read()[-chars:]
     except OSError:
-        return path
+        return f"trial died: {path or 'unknown error'}"
+    lines = [line for line in text.strip().splitlines() if not line.startswith("Failure # ")]
+    last = next((line.strip() for line in reversed(lines) if line.strip()), "unknown error")
+    return f"trial died: {last}\n" + "\n".join(lines)
 
 
 def resolve_options(plan: SweepPlan, res: preflight.ClusterResources, storage_path: str) -> TrialOptions:
@@ -220,7 +230,7 @@ def _execute(plan: SweepPlan, address: str | None, verbose: bool, progress: Prog
                 if writer.full is not None:
                     raise writer.full from None  # the store's own error, not Tune's long traceback around it
                 raise
-            outcome.rows, outcome.calibrations = writer.rows, writer.calibrations
+            outcome.rows, outcome.calibrations, outcome.failures = writer.rows, writer.calibrations, writer.failures
             _compact(plan)  # under the claim: a --resume of this id cannot add rows meanwhile
     finally:
         if plan.store.is_local:

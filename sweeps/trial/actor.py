@@ -210,6 +210,8 @@ def run_group(group: Group, opts: TrialOptions) -> Iterator[dict]:
             yield failed
         current = _rest(group, written, planner)
         if current is None:
+            if why and not group.slots:  # a calibration's group: no row says why it failed
+                yield {"failure": why}
             return
         why = why or "the worker group ended before measuring it"
     ctx = row_context(current, opts, now())
@@ -238,5 +240,7 @@ def trial_fn(config: dict, groups: list[Group], options: TrialOptions) -> None:
     for row in run_group(group, opts):
         if "calibration" in row:
             ray.tune.report({"calibration": json.dumps(row["calibration"], default=str)})
+        elif "failure" in row:
+            ray.tune.report({"failure": row["failure"]})
         else:
             ray.tune.report({"row": json.dumps(row, default=str)})
