@@ -40,7 +40,7 @@ browser:
 
 # Everything: the fast tier on two processes (pytest-xdist), then the tiers that start Ray, a server rig or a
 # browser one at a time (they measure, and two sweeps on one machine would measure each other).
-FAST := not ray and not slow and not netns and not browser and not s3
+FAST := not ray and not slow and not timing and not netns and not browser and not s3
 
 test: $(STAMP) browser
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n 2 -m "$(FAST)"

@@ -257,6 +257,8 @@ def errors_reference() -> str:
             "| exit code | meaning |",
             "| --- | --- |",
             "| 0 | done |",
+            "| 1 | it ran and gave nothing: `run` whose every measurement failed (the error rows are stored), "
+            "`calibrate` with a worker group that wrote no calibration; the message says why |",
             "| 2 | bad input or a refused request: the message names the field and the fix (no data written is lost) |",
             "| 130 | interrupted (Ctrl-C): rows already written stay; the message gives the command that resumes |",
             "| 143 | terminated (SIGTERM: kill, Kubernetes, Ray Jobs' stop): as 130 |",

@@ -18,6 +18,7 @@ from service.cli_common import Edge, echo, fail
 from trainers.errors import ConfigError, DDPSweepError
 
 if TYPE_CHECKING:
+    from sweeps.driver.runner import SweepOutcome
     from sweeps.spec.sweep import SweepSpec
 
 app = typer.Typer(
@@ -221,6 +222,9 @@ def _print_summary(outcome, summary_text, plan) -> None:
     echo(
         f"\n{len(rows)} rows ({errors} errors) in {outcome.results} cluster={outcome.cluster} sweep={outcome.sweep_id}"
     )
+    if errors and errors == len(rows):  # one bad cell never fails the command; a sweep that measured nothing does
+        first = str(rows.loc[rows["status"] == "error", "error"].iloc[0]).strip().splitlines()[0]
+        raise fail(f"no measurement succeeded: {errors} error rows, kept in the store; the first: {first}", code=1)
 
 
 @app.command()
@@ -264,7 +268,7 @@ def calibrate(
         raise fail(missing, code=1)
 
 
-def _not_calibrated(groups: int, outcome) -> str | None:
+def _not_calibrated(groups: int, outcome: SweepOutcome) -> str | None:
     """What `calibrate` says of the groups that wrote no calibration (their trial died), or None."""
     missing = groups - outcome.calibrations
     if missing <= 0:

@@ -52,7 +52,9 @@ def test_a_worker_env_that_segfaults_every_worker_is_named_in_the_rows(tmp_path,
     results = str(tmp_path / "r")
     env = os.environ | {"PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
     cmd = [sys.executable, "-m", "service.cli", "run", str(spec), "--results", results, *shared_head]
-    subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
+    assert run.returncode == 1, run.stderr[-3000:]  # nothing measured: the command fails, the rows stay
+    assert run.stderr.strip().splitlines()[-1].startswith("error: no measurement succeeded: 2 error rows")
     rows = load(results)
     assert len(rows) == 2 and set(rows["status"]) == {"error"}
     assert set(rows["env"]) == {'{"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}'}

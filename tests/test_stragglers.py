@@ -154,13 +154,14 @@ def cell_with_plant(rank: int, cfg: StepConfig, fraction: float):
     return run_cell(cfg, CPU, 1, extras=Extras(grad_check=False, rank_slowdown=fraction if rank == 1 else 0.0))
 
 
+@pytest.mark.timing
 def test_every_rank_reports_its_compute_and_wait_and_a_planted_rank_is_slower(tmp_path):
     cfg = StepConfig(model="tiny", mode="ddp", micro_batch=4, seq_len=32, warmup_steps=2, timed_steps=6)
     m = run_world(cell_with_plant, 2, tmp_path, cfg, 3.0)[0]
     assert [len(p) for p in m.rank_compute_ms] == [PROBES, PROBES] and len(m.rank_wait_ms) == 2
     fast, slow = (statistics.median(p) for p in m.rank_compute_ms)
-    # four times the compute planted; the median probe of each rank. Beside the other test process the two ranks
-    # share the cores unevenly (a planted 2x once read 1.35x), so the plant is far above the bound
+    # four times the compute planted; the median probe of each rank. Beside another test process the two ranks
+    # shared the cores unevenly (a planted 4x read 1.93x in the two-process tier): it runs in the serial one
     assert slow > 2 * fast
     assert m.rank_wait_ms[0] > m.rank_wait_ms[1]  # rank 0 waits for rank 1 at every step
 

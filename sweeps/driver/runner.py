@@ -106,11 +106,13 @@ class RowWriter(tune.Callback):
 def trial_error(path: str | None, chars: int = 2000) -> str:
     """`trial died: <the error's last line>`, then the end of Tune's error file (without its `Failure # 1
     (occurred at …)` header): the first line is what a progress line shows."""
+    if not path:
+        return "trial died: unknown error"
     try:
-        with open(path or "") as f:
+        with open(path) as f:
             text = f.read()[-chars:]
     except OSError:
-        return f"trial died: {path or 'unknown error'}"
+        return f"trial died: {path}"
     lines = [line for line in text.strip().splitlines() if not line.startswith("Failure # ")]
     last = next((line.strip() for line in reversed(lines) if line.strip()), "unknown error")
     return f"trial died: {last}\n" + "\n".join(lines)
