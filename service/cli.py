@@ -223,7 +223,7 @@ def _print_summary(outcome, summary_text, plan) -> None:
         f"\n{len(rows)} rows ({errors} errors) in {outcome.results} cluster={outcome.cluster} sweep={outcome.sweep_id}"
     )
     if errors and errors == len(rows):  # one bad cell never fails the command; a sweep that measured nothing does
-        first = str(rows.loc[rows["status"] == "error", "error"].iloc[0]).strip().splitlines()[0]
+        first = str(rows["error"].iloc[0]).strip().splitlines()[0]
         raise fail(f"no measurement succeeded: {errors} error rows, kept in the store; the first: {first}", code=1)
 
 

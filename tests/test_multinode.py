@@ -5,13 +5,13 @@ virtual-node run here would: the spread test is skipped there (a cluster and two
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import ray
 from ray.cluster_utils import Cluster
 
 from sweeps.driver.runner import execute
+from sweeps.driver.session import environment_kept
 from sweeps.plan.planner import plan_sweep
 from sweeps.spec.files import parse_spec
 from sweeps.spec.sweep import SpecError
@@ -39,13 +39,11 @@ def two_nodes():
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     for _ in range(2):
         cluster.add_node(num_cpus=1)
-    saved = dict(os.environ)
-    ray.init(address=cluster.address, log_to_driver=False)
-    yield cluster
-    ray.shutdown()
+    with environment_kept():  # nothing of this Ray's environment (RAY_AUTH_MODE=token) reaches later tests
+        ray.init(address=cluster.address, log_to_driver=False)
+        yield cluster
+        ray.shutdown()
     cluster.shutdown()
-    os.environ.clear()  # as tests/test_sweeps_ray.py's fixture: nothing of this Ray's reaches later tests
-    os.environ.update(saved)
 
 
 @pytest.mark.skipif(

@@ -14,6 +14,7 @@ from results.model import costmodel
 from results.sql.query import query
 from results.storage.store import Store, load
 from sweeps.driver.runner import execute
+from sweeps.driver.session import environment_kept
 from sweeps.plan.grid import expand
 from sweeps.plan.planner import plan_sweep
 from sweeps.spec.files import parse_spec
@@ -50,13 +51,11 @@ def spec_text(buckets="[0.25, 25]", repeats=1, isolation="sweep", timeout=300, c
 @pytest.fixture(scope="module")
 def fault_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("faults") / "faults.txt"
-    saved = dict(os.environ)
-    os.environ[FAULT_FILE_ENV] = str(path)  # inherited by the raylet and every worker
-    ray.init(num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=False)
-    yield path
-    ray.shutdown()
-    os.environ.clear()  # ray.init left RAY_AUTH_MODE=token: a later CLI test's driver would ask a head without
-    os.environ.update(saved)  # auth for tokens, and its trials would never start
+    with environment_kept():  # nothing of this Ray's environment (RAY_AUTH_MODE=token) reaches later tests
+        os.environ[FAULT_FILE_ENV] = str(path)  # inherited by the raylet and every worker
+        ray.init(num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=False)
+        yield path
+        ray.shutdown()
 
 
 def assert_round_order(rows: list[dict]) -> None:

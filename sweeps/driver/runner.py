@@ -44,7 +44,7 @@ class SweepOutcome:
     results: str
     rows: list[dict] = field(default_factory=list)
     calibrations: int = 0  # groups whose calibration was written
-    failures: list[str] = field(default_factory=list)  # why each trial that died did (its group's error rows)
+    failures: list[str] = field(default_factory=list)  # why a trial died, or a calibration group's fit failed
 
 
 def _decode_row(text: str | dict) -> dict:

@@ -103,6 +103,20 @@ def interrupts_ignored() -> Iterator[None]:
 
 
 @contextmanager
+def environment_kept() -> Iterator[None]:
+    """The process's environment as it was before the block, once it ends: ray.init leaves RAY_AUTH_MODE=token
+    behind (and _init sets two variables of its own), so a later session, or a process started from this one (a
+    CLI test's subprocess), would ask a cluster without auth for a token, and its trials would never start."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        for key in set(os.environ) - set(saved):
+            del os.environ[key]
+        os.environ.update(saved)
+
+
+@contextmanager
 def ray_session(address: str | None, verbose: bool) -> Iterator[None]:
     """Attach to `address` (or the job's cluster via RAY_ADDRESS), or start an embedded local Ray."""
     if ray.is_initialized():
@@ -110,34 +124,24 @@ def ray_session(address: str | None, verbose: bool) -> Iterator[None]:
         return
     quiet = {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.ERROR}
     embedded = not (address or os.environ.get("RAY_ADDRESS"))
-    saved = dict(os.environ)  # ray.init leaves RAY_AUTH_MODE=token behind, and _init sets two of its own
-    try:
-        with interrupts_held():
-            try:
-                _init(address, embedded, quiet)
-            except SystemExit as e:  # the SIGTERM handler ray.init installs first: sys.exit(15)
-                if e.code != signal.SIGTERM:
-                    raise
-                _TERMINATED[:] = [True]
-                raise Terminated() from None
-        if _SIGTERM_WANTED:
-            raise_on_sigterm()  # ray.init replaced it
-        yield
-    finally:
-        with interrupts_ignored():
-            ours = machine.session_processes() if embedded else []
-            ray.shutdown()
-            machine.end_processes(ours)  # what an interrupted start or shutdown left behind
-            _restore(saved)
-
-
-def _restore(saved: dict[str, str]) -> None:
-    """The process's environment as it was before the session: a later session or a process started from this
-    one (a CLI test's subprocess) would otherwise ask a cluster without auth for a token, and its trials never
-    start."""
-    for key in set(os.environ) - set(saved):
-        del os.environ[key]
-    os.environ.update(saved)
+    with environment_kept():
+        try:
+            with interrupts_held():
+                try:
+                    _init(address, embedded, quiet)
+                except SystemExit as e:  # the SIGTERM handler ray.init installs first: sys.exit(15)
+                    if e.code != signal.SIGTERM:
+                        raise
+                    _TERMINATED[:] = [True]
+                    raise Terminated() from None
+            if _SIGTERM_WANTED:
+                raise_on_sigterm()  # ray.init replaced it
+            yield
+        finally:
+            with interrupts_ignored():
+                ours = machine.session_processes() if embedded else []
+                ray.shutdown()
+                machine.end_processes(ours)  # what an interrupted start or shutdown left behind
 
 
 def _init(address: str | None, embedded: bool, quiet: dict) -> None:
