@@ -178,6 +178,7 @@ def test_a_calibration_whose_trial_never_starts_exits_1_and_says_why(tmp_path, s
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: 1 of 1 worker group(s) not calibrated: trial died: "), err[-2000:]
     assert "Failure # 1" not in last and "rows:" not in out  # Tune's header is not the reason; no rows to query
+    assert "(RAY_AUTH_MODE=token in its environment)" in last and last.endswith("unset RAY_AUTH_MODE for this cluster.")
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from results.errors import StoreFull
 from results.storage import compaction
 from results.storage.store import Store
 from sweeps.driver import machine
-from sweeps.driver.session import raise_if_terminated, ray_session
+from sweeps.driver.session import raise_if_terminated, ray_session, token_asked
 from sweeps.plan import preflight
 from sweeps.plan.grid import Group
 from sweeps.plan.planner import SweepPlan, claimed
@@ -115,7 +115,16 @@ def trial_error(path: str | None, chars: int = 2000) -> str:
         return f"trial died: {path}"
     lines = [line for line in text.strip().splitlines() if not line.startswith("Failure # ")]
     last = next((line.strip() for line in reversed(lines) if line.strip()), "unknown error")
+    if NEVER_RAN in last and token_asked():
+        last += f" {TOKEN_HINT}"
     return f"trial died: {last}\n" + "\n".join(lines)
+
+
+NEVER_RAN = "it was cancelled before it started running"  # Ray's words for an actor that never ran
+TOKEN_HINT = (
+    "This driver asked the cluster for Ray token auth (RAY_AUTH_MODE=token in its environment), and a cluster "
+    "started without auth cancels every trial before it starts: unset RAY_AUTH_MODE for this cluster."
+)
 
 
 def resolve_options(plan: SweepPlan, res: preflight.ClusterResources, storage_path: str) -> TrialOptions:

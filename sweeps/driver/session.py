@@ -32,6 +32,7 @@ class Terminated(KeyboardInterrupt):
 
 _TERMINATED: list[bool] = []  # SIGTERM arrived (Ray or Tune may re-raise it as a plain KeyboardInterrupt)
 _SIGTERM_WANTED: list[bool] = []  # the CLI asked for it: installed again after ray.init, which replaces it
+_TOKEN_ASKED: list[bool] = []  # this driver joined a cluster with RAY_AUTH_MODE=token in its environment
 
 
 def _on_sigterm(signum, frame) -> None:
@@ -164,6 +165,7 @@ def _init(address: str | None, embedded: bool, quiet: dict) -> None:
 def _join(address: str | None, quiet: dict) -> None:
     """Attach to a running cluster; a bad address or a cluster that cannot be joined is one line naming it."""
     field, given = ("--address", address) if address else ("RAY_ADDRESS", os.environ.get("RAY_ADDRESS"))
+    _TOKEN_ASKED[:] = [os.environ.get("RAY_AUTH_MODE", "").lower() == "token"]
     try:
         ray.init(address=address, **quiet)
     except ValueError as e:
@@ -171,6 +173,13 @@ def _join(address: str | None, quiet: dict) -> None:
         raise SpecError(field, given, f"{allowed} ({_first_line(e)})") from None
     except (ConnectionError, RuntimeError, TimeoutError, ray.exceptions.RayError) as e:
         raise ClusterUnreachable(f"cannot join the Ray cluster at {given} ({field}): {_first_line(e)}") from None
+
+
+def token_asked() -> bool:
+    """Whether this driver joined a cluster asking for Ray's token auth (RAY_AUTH_MODE=token, before ray.init,
+    which sets it for a cluster of its own): against a cluster started without auth, Ray joins, but every trial
+    is cancelled before it starts."""
+    return bool(_TOKEN_ASKED and _TOKEN_ASKED[0])
 
 
 def _first_line(e: BaseException) -> str:
