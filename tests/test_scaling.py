@@ -18,14 +18,16 @@ from tests.seed_rows import row
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def topology_rows(cross_node_ms: float, cluster: str = "netns", same_node_ms: float = 105.0) -> list[dict]:
-    """3 repeats of a single baseline (100 ms) and DDP at 1x1 (101 ms), 1x2 (`same_node_ms`), 2x1
+def topology_rows(
+    cross_node_ms: float, cluster: str = "netns", same_node_ms: float = 105.0, repeats: int = 3
+) -> list[dict]:
+    """`repeats` repeats (3) of a single baseline (100 ms) and DDP at 1x1 (101 ms), 1x2 (`same_node_ms`), 2x1
     (`cross_node_ms`)."""
     rng = np.random.default_rng(0)
     shapes = [("single", 1, 1, 100.0), ("ddp", 1, 1, 101.0), ("ddp", 2, 1, same_node_ms), ("ddp", 2, 2, cross_node_ms)]
     out = []
     for mode, world, nodes, ms in shapes:
-        for rep in range(3):
+        for rep in range(repeats):
             times = list(ms * (1 + 0.01 * rng.standard_normal(10)))
             out.append(
                 row(
@@ -64,6 +66,19 @@ def test_the_knee_is_the_steepest_of_several_significant_drops():
     table = scaling(pd.DataFrame(topology_rows(cross_node_ms=400.0, same_node_ms=160.0))).set_index("topology")
     assert list(table["knee"]) == [False, False, True]  # x0.63 within the node, then x0.40 across nodes
     assert "same nodes" in table.loc["1x2", "knee_why"] and "crosses" in table.loc["2x1", "knee_why"]
+
+
+def test_one_round_calls_no_knee_and_says_so():
+    """2x1 22% slower per rank than 1x2, in one round each: an A/A of one configuration in two worker groups read
+    that far apart, so one run's tight steps are no evidence of a knee; two rounds of the same are."""
+    one = scaling(pd.DataFrame(topology_rows(cross_node_ms=105 * 1.22, repeats=1))).set_index("topology")
+    assert one.loc["2x1", "vs_previous_ci_hi"] < 0.9  # the steps alone would call it
+    assert not one["knee"].any()
+    assert one.loc["2x1", "knee_why"].endswith(
+        "one round: not called a knee (runs differ by more), measure repeats: 2 or more"
+    )
+    two = scaling(pd.DataFrame(topology_rows(cross_node_ms=105 * 1.22, repeats=2))).set_index("topology")
+    assert list(two["knee"]) == [False, False, True] and "one round" not in two.loc["2x1", "knee_why"]
 
 
 def test_no_knee_where_efficiency_holds():

@@ -10,7 +10,10 @@ topology's ranks reached at their largest calibrated message.
 Topologies are ordered by world size, then nodes; `vs_previous` is each one's per-rank tokens/s over the
 previous one's (the baseline cancels), with its interval. A step whose whole interval lies below
 1 - KNEE_DROP is a significant drop (`knee_why` describes it, saying whether it crossed nodes); the
-knee is the steepest of them — where adding ranks stopped paying, beyond the noise.
+knee is the steepest of them — where adding ranks stopped paying, beyond the noise. Where either topology was
+measured in one round, its interval is over one run's steps and leaves out how runs differ (an A/A of one
+configuration in two worker groups read 22% apart with disjoint intervals), so no knee is called there:
+`knee_why` says so.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ COLUMNS = ["cluster", "gas", "no_sync", "bucket_cap_mb", "topology", "world_size
 COLUMNS += ["efficiency", "vs_previous", "comm_share", "busbw_gbps", "knee", "n_repeats"]  # the table people read
 INTERVALS = ["step_ms", "tokens_per_s", "efficiency", "vs_previous"]  # shown as 'median [lo, hi]' there
 KNEE_DROP = 0.10  # per-rank throughput must fall by at least 10% (the whole interval) to be the knee
+ONE_ROUND_FIX = "repeats: 2 or more"  # a topology measured in one round: its interval is over one run's steps
 
 
 def topologies(rows: pd.DataFrame) -> int:
@@ -111,10 +115,12 @@ def _flag_knee(table: pd.DataFrame, series: pd.DataFrame) -> None:
             if hi < 1 - KNEE_DROP:
                 crossed = line["num_nodes"] > prev["num_nodes"]
                 where = f"crosses from {prev['num_nodes']} to {line['num_nodes']} node(s)" if crossed else "same nodes"
-                table.loc[idx, "knee_why"] = (
-                    f"per-rank throughput x{centre:.2f} [{lo:.2f}, {hi:.2f}] of {prev['topology']}'s; {where}"
-                )
-                drops.append((centre, idx))
+                why = f"per-rank throughput x{centre:.2f} [{lo:.2f}, {hi:.2f}] of {prev['topology']}'s; {where}"
+                if min(line["n_repeats"], prev["n_repeats"]) < 2:  # as analysis.same_as: one run's steps only
+                    why += f"; one round: not called a knee (runs differ by more), measure {ONE_ROUND_FIX}"
+                else:
+                    drops.append((centre, idx))
+                table.loc[idx, "knee_why"] = why
         prev = line
     if drops:
         table.loc[min(drops)[1], "knee"] = True
