@@ -169,9 +169,10 @@ def test_calibrate_measures_the_specs_worker_groups_and_the_report_shows_the_fit
 @pytest.mark.ray
 def test_a_calibration_whose_trial_never_starts_exits_1_and_says_why(tmp_path, shared_head):
     """A driver whose environment asks for token auth of a cluster without it (as `ray.init` leaves
-    RAY_AUTH_MODE behind): Ray joins, but the trial is cancelled before it starts. calibrate said nothing of it
-    and exited 0."""
-    env = os.environ | {"RAY_AUTH_MODE": "token"}
+    RAY_AUTH_MODE behind) and holds a token (here in RAY_AUTH_TOKEN; a machine that ever ran
+    `ray get-auth-token --generate` has one in ~/.ray/auth_token): Ray joins, but the trial is cancelled before
+    it starts. calibrate said nothing of it and exited 0."""
+    env = os.environ | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "a" * 32}
     proc = ddpsweep("calibrate", str(SMOKE), "--results", str(tmp_path), *shared_head, env=env)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, err[-3000:]

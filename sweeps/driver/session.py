@@ -32,7 +32,7 @@ class Terminated(KeyboardInterrupt):
 
 _TERMINATED: list[bool] = []  # SIGTERM arrived (Ray or Tune may re-raise it as a plain KeyboardInterrupt)
 _SIGTERM_WANTED: list[bool] = []  # the CLI asked for it: installed again after ray.init, which replaces it
-_TOKEN_ASKED: list[bool] = []  # this driver joined a cluster with RAY_AUTH_MODE=token in its environment
+_TOKEN_ASKED: list[bool] = []  # this session joined a cluster with RAY_AUTH_MODE=token in its environment
 
 
 def _on_sigterm(signum, frame) -> None:
@@ -125,6 +125,7 @@ def ray_session(address: str | None, verbose: bool) -> Iterator[None]:
         return
     quiet = {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.ERROR}
     embedded = not (address or os.environ.get("RAY_ADDRESS"))
+    _TOKEN_ASKED[:] = [not embedded and os.environ.get("RAY_AUTH_MODE", "").lower() == "token"]
     with environment_kept():
         try:
             with interrupts_held():
@@ -165,7 +166,6 @@ def _init(address: str | None, embedded: bool, quiet: dict) -> None:
 def _join(address: str | None, quiet: dict) -> None:
     """Attach to a running cluster; a bad address or a cluster that cannot be joined is one line naming it."""
     field, given = ("--address", address) if address else ("RAY_ADDRESS", os.environ.get("RAY_ADDRESS"))
-    _TOKEN_ASKED[:] = [os.environ.get("RAY_AUTH_MODE", "").lower() == "token"]
     try:
         ray.init(address=address, **quiet)
     except ValueError as e:
